@@ -1,0 +1,171 @@
+// The op interface: everything a model forward needs, implemented once per backend.
+//
+// Models (src/models/*.cpp) are written once against this interface; the CPU backend
+// (src/ops/cpu/) is the reference, the CUDA backend (src/ops/cuda/) is checked against it.
+//
+// Conventions
+//  - All activations are float32, row-major. A "row" is one token position. Shapes are written
+//    [rows, cols]; a per-head view [M, heads, head_dim] is the same memory as [M, heads*head_dim].
+//  - Every pointer is a backend pointer (device memory for CUDA) obtained from alloc(), including
+//    the int32 arrays (token ids, positions, key ranges): a step has fixed shapes and pointers, so it
+//    can be captured in a CUDA graph and replayed.
+//  - Ops are enqueued in order; the CPU backend runs them immediately. download() and
+//    synchronize() are the only points where the host waits.
+//  - Lossless contract (SPEC 5.5): every op computes each row with a reduction order that depends
+//    only on that row's data and the op's fixed sizes, never on the number of rows M. So a row
+//    gets the same bits whether it is processed alone (decode) or in a block (verify).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "quant/types.h"
+
+namespace dflash {
+
+// A weight matrix in its file type: `out` rows of `in` elements each (GGUF ne = [in, out]).
+struct WeightRef {
+  const void* data = nullptr;  // backend pointer to out * row_bytes bytes
+  GgmlType type = GgmlType::F32;
+  int64_t in = 0;
+  int64_t out = 0;
+  size_t row_bytes = 0;
+  bool valid() const { return data != nullptr; }
+};
+
+// Parameters of the Gated DeltaNet recurrence (SPEC 2.4), per layer.
+struct GdnShape {
+  int64_t n_k_heads = 16;   // K (and Q) heads
+  int64_t n_v_heads = 48;   // V heads (a multiple of n_k_heads); V head p reads K head p % n_k_heads
+  int64_t head_k = 128;     // key dim per head (state rows)
+  int64_t head_v = 128;     // value dim per head (state cols)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // ---- memory -------------------------------------------------------------------------------
+  virtual void* alloc(size_t bytes) = 0;  // zero-initialised
+  virtual void release(void* ptr) = 0;
+  virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // device to device
+  virtual void fill_zero(void* dst, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+  // Weights: the backend may keep the file's bytes in place (CPU, mmap) or upload them (CUDA).
+  virtual WeightRef upload_weight(const void* host_data, GgmlType type, int64_t in, int64_t out) = 0;
+
+  // ---- linear algebra -----------------------------------------------------------------------
+  // y[M, w.out] = x[M, w.in] . w^T  (each y[m][o] = dot_row(w row o, x row m)).
+  virtual void matmul(const WeightRef& w, const float* x, float* y, int64_t M) = 0;
+  // y[M, w.in] = rows ids[M] of w, dequantized (embedding lookup).
+  virtual void get_rows(const WeightRef& w, const int32_t* ids, float* y, int64_t M) = 0;
+
+  // ---- normalisation ------------------------------------------------------------------------
+  // y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (w ? w : 1), rows of n, for `rows` rows (in-place ok).
+  virtual void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) = 0;
+  // y[r] = x[r] * rsqrt(sum(x[r]^2) + eps) * scale  (GDN q/k l2norm; in-place ok).
+  virtual void l2_norm(const float* x, float* y, int64_t rows, int64_t n, float eps, float scale) = 0;
+  // GDN output norm: y[r] = rms_norm(x[r]) * w * silu(z[r]), rows of n (one V head per row).
+  virtual void rms_norm_gated(const float* x, const float* w, const float* z, float* y, int64_t rows, int64_t n,
+                              float eps) = 0;
+
+  // ---- elementwise --------------------------------------------------------------------------
+  virtual void add(const float* a, const float* b, float* y, int64_t n) = 0;             // y = a + b
+  virtual void swiglu(const float* gate, const float* up, float* y, int64_t n) = 0;      // y = silu(g) * u
+  virtual void mul_sigmoid(const float* x, const float* gate, float* y, int64_t n) = 0;  // y = x * sigmoid(g)
+  // Strided 2-D copy: dst[r][0..cols) = src[r][0..cols), for `rows` rows with the given row strides.
+  virtual void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
+                         int64_t cols) = 0;
+
+  // ---- prism Hadamard (SPEC 3) ---------------------------------------------------------------
+  // Forward, for a rotated matmul's input: y[r] = H_blk(signs (.) x[r]) per 1024-chunk.
+  // Inverse, for an embedding row: y[r] = signs (.) H_blk(x[r]). signs may be null (all +1).
+  // `perm` (may be null): x is first gathered, x'[i] = x[perm[i]] (ssm_out's grouped V order).
+  virtual void hadamard(const float* x, const float* signs, const int32_t* perm, float* y, int64_t rows, int64_t n,
+                        bool inverse) = 0;
+
+  // ---- attention ----------------------------------------------------------------------------
+  // NeoX RoPE in place on x[M, heads, head_dim]: the first n_rot dims of each head, pairs (i, i + n_rot/2),
+  // angle pos[m] * theta^(-2i/n_rot).
+  virtual void rope_neox(float* x, const int32_t* pos, int64_t M, int64_t heads, int64_t head_dim, int64_t n_rot,
+                         float theta) = 0;
+  // out[M, n_heads, head_dim] = softmax(q . K^T * scale) V over the keys kv_range[m] = [lo, hi) of the
+  // caches k/v [n_keys, n_kv_heads, head_dim] (row stride n_kv_heads*head_dim). Head h reads KV head
+  // h / (n_heads / n_kv_heads). kv_range is an int32 array [M, 2].
+  virtual void attention(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
+                         int64_t M, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale) = 0;
+
+  // ---- Gated DeltaNet (SPEC 2.4) ------------------------------------------------------------
+  // Causal depthwise conv over time + SiLU: for each channel c and row m,
+  //   y[m][c] = silu( sum_{j<K} w[c][j] * in[m - (K-1) + j][c] ),
+  // where rows before 0 come from state[K-1, C] (oldest first). w is the GGUF conv1d [K, C]
+  // (ne = [K, C]: K taps contiguous per channel). Updates state to the last K-1 inputs.
+  virtual void gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C,
+                        int64_t K) = 0;
+  // Gates: beta[M, Hv] = sigmoid(b), g[M, Hv] = a_log_decay * softplus(a + dt_bias) (in place into b, a).
+  virtual void gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M,
+                         int64_t n_v_heads) = 0;
+  // The delta-rule recurrence over M rows, sequentially (q, k already l2-normed and q scaled):
+  //   q, k [M, n_k_heads, head_k]; v [M, n_v_heads, head_v]; g, beta [M, n_v_heads]
+  //   state [n_v_heads, head_k, head_v] (S[p][i][j], i = key dim, j = value dim), updated in place
+  //   out [M, n_v_heads, head_v]
+  //   snapshots: null, or [M, n_v_heads*head_k*head_v]: the state after each row (verify's undo).
+  virtual void gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                             float* state, float* out, float* snapshots, int64_t M, const GdnShape& shape) = 0;
+  // The same computation in chunked (WY / UT) form for prefill: equal to gdn_recurrent up to fp32
+  // rounding, much faster for long M. Backends may fall back to the recurrence.
+  virtual void gdn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                           float* state, float* out, int64_t M, const GdnShape& shape) = 0;
+
+  // ---- sampling helpers ---------------------------------------------------------------------
+  // ids[m] = argmax over x[m][0..n) (lowest index wins ties).
+  virtual void argmax(const float* x, int32_t* ids, int64_t M, int64_t n) = 0;
+  // The k largest of each row, sorted descending (ties: lower index first): ids[M, k], vals[M, k].
+  virtual void top_k(const float* x, int32_t* ids, float* vals, int64_t M, int64_t n, int64_t k) = 0;
+};
+
+// The CPU reference backend (always available).
+std::unique_ptr<Backend> make_cpu_backend(int n_threads = 0);
+
+// RAII backend allocation of `count` elements of T.
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(Backend& be, size_t count) : be_(&be), ptr_(static_cast<T*>(be.alloc(count * sizeof(T)))), n_(count) {}
+  DeviceArray(DeviceArray&& o) noexcept { *this = std::move(o); }
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
+    if (this != &o) {
+      reset();
+      be_ = o.be_;
+      ptr_ = o.ptr_;
+      n_ = o.n_;
+      o.ptr_ = nullptr;
+      o.n_ = 0;
+    }
+    return *this;
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() { reset(); }
+  void reset() {
+    if (ptr_) be_->release(ptr_);
+    ptr_ = nullptr;
+    n_ = 0;
+  }
+  T* get() const { return ptr_; }
+  size_t size() const { return n_; }
+  size_t bytes() const { return n_ * sizeof(T); }
+
+ private:
+  Backend* be_ = nullptr;
+  T* ptr_ = nullptr;
+  size_t n_ = 0;
+};
+
+}  // namespace dflash
