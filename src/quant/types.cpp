@@ -86,8 +86,8 @@ float fp16_to_fp32(uint16_t h) {
       } while ((mant & 0x400) == 0);
       bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((mant & 0x3ff) << 13);
     }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (mant << 13);
+  } else if (exp == 31) {  // inf, or NaN made quiet (as F16C's vcvtph2ps does) with its payload kept
+    bits = sign | 0x7f800000u | (mant << 13) | (mant != 0 ? 0x400000u : 0u);
   } else {
     bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
   }

@@ -63,7 +63,13 @@ void quantize_row(GgmlType type, const float* src, void* dst, int64_t n);
 // sum_i dequant(w)[i] * x[i], accumulated in a fixed order (per block, then across blocks).
 float dot_row(GgmlType type, const void* w, const float* x, int64_t n);
 
-// Scalar conversions (round to nearest even, NaN preserved).
+// y[m * n_out + o] = dot_row(type, row o of W, row m of x, n_in) for m < M, o < n_out.
+// W holds n_out rows of row_bytes(type, n_in) bytes; x is M rows of n_in floats. Runs on the shared
+// thread pool (quant/thread_pool.h), split over output rows; every y value has the same bits as the
+// single dot_row call, whatever M, the thread count or the split.
+void matmul_rows(GgmlType type, const void* W, int64_t n_in, int64_t n_out, const float* x, int64_t M, float* y);
+
+// Scalar conversions (round to nearest even; NaN stays NaN with its payload, made quiet).
 float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);
 float bf16_to_fp32(uint16_t h);
