@@ -1,0 +1,67 @@
+// The CPU reference backend (see ops/backend.h for each op's contract).
+//
+// fp32 math, one thread pool. Each output row is computed from that row's inputs with a reduction
+// order fixed by the op's sizes, so M rows at once give the same bits as M calls of one row.
+// The ops are split over files by family: cpu_backend.cpp (memory, linear algebra, norms,
+// elementwise, hadamard, sampling), cpu_attention.cpp (rope, attention), cpu_gdn.cpp (Gated DeltaNet).
+#pragma once
+
+#include "ops/backend.h"
+#include "ops/cpu/thread_pool.h"
+
+namespace dflash::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int n_threads) : pool_(n_threads) {}
+  std::string name() const override;
+
+  void* alloc(size_t bytes) override;
+  void release(void* ptr) override;
+  void upload(void* dst, const void* host_src, size_t bytes) override;
+  void download(void* host_dst, const void* src, size_t bytes) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void fill_zero(void* dst, size_t bytes) override;
+  void synchronize() override {}
+  WeightRef upload_weight(const void* host_data, GgmlType type, int64_t in, int64_t out) override;
+
+  void matmul(const WeightRef& w, const float* x, float* y, int64_t M) override;
+  void get_rows(const WeightRef& w, const int32_t* ids, float* y, int64_t M) override;
+
+  void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override;
+  void l2_norm(const float* x, float* y, int64_t rows, int64_t n, float eps, float scale) override;
+  void rms_norm_gated(const float* x, const float* w, const float* z, float* y, int64_t rows, int64_t n,
+                      float eps) override;
+
+  void add(const float* a, const float* b, float* y, int64_t n) override;
+  void swiglu(const float* gate, const float* up, float* y, int64_t n) override;
+  void mul_sigmoid(const float* x, const float* gate, float* y, int64_t n) override;
+  void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
+                 int64_t cols) override;
+
+  void hadamard(const float* x, const float* signs, const int32_t* perm, float* y, int64_t rows, int64_t n,
+                bool inverse) override;
+
+  void rope_neox(float* x, const int32_t* pos, int64_t M, int64_t heads, int64_t head_dim, int64_t n_rot,
+                 float theta) override;
+  void attention(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out, int64_t M,
+                 int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale) override;
+
+  void gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C, int64_t K) override;
+  void gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M,
+                 int64_t n_v_heads) override;
+  void gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                     float* state, float* out, float* snapshots, int64_t M, const GdnShape& shape) override;
+  void gdn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                   float* state, float* out, int64_t M, const GdnShape& shape) override;
+
+  void argmax(const float* x, int32_t* ids, int64_t M, int64_t n) override;
+  void top_k(const float* x, int32_t* ids, float* vals, int64_t M, int64_t n, int64_t k) override;
+
+  ThreadPool& pool() { return pool_; }
+
+ private:
+  ThreadPool pool_;
+};
+
+}  // namespace dflash::cpu

@@ -1,0 +1,227 @@
+// CPU backend: Gated DeltaNet conv, gates, sequential recurrence (with snapshots) and chunked form.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "ops/backend.h"
+#include "ops_test_util.h"
+#include "util/error.h"
+
+namespace dflash::test {
+namespace {
+
+double silu_d(double x) { return x / (1.0 + std::exp(-x)); }
+
+// ---- conv -----------------------------------------------------------------------------------------
+
+TEST(CpuGdnConv, MatchesReferenceUpdatesStateAndRowsAreBitIdentical) {
+  std::mt19937 rng(20);
+  auto be = make_cpu_backend(3);
+  for (auto [M, C, K] : {std::tuple{1, 10, 4}, {7, 600, 4}, {3, 33, 2}, {2, 5, 1}}) {
+    SCOPED_TRACE(testing::Message() << "M " << M << " C " << C << " K " << K);
+    auto x = random_vec(rng, M * C, -2, 2);
+    auto w = random_vec(rng, C * K);
+    auto state0 = random_vec(rng, (K - 1) * C, -2, 2);
+    // Reference over the concatenated history.
+    std::vector<float> seq = state0;
+    seq.insert(seq.end(), x.begin(), x.end());
+    std::vector<double> ref(M * C);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t c = 0; c < C; ++c) {
+        double acc = 0;
+        for (int64_t j = 0; j < K; ++j) acc += double(w[c * K + j]) * seq[(m + j) * C + c];
+        ref[m * C + c] = silu_d(acc);
+      }
+    std::vector<float> state_ref(seq.end() - (K - 1) * C, seq.end());
+
+    std::vector<float> state = state0, y(M * C);
+    be->gdn_conv(x.data(), state.data(), w.data(), y.data(), M, C, K);
+    expect_close(y, ref, 1e-6, 1e-5, "conv out");
+    EXPECT_EQ(state, state_ref);
+
+    // One row at a time, and in place, give the same bits and state.
+    std::vector<float> s1 = state0, y1(M * C);
+    for (int64_t m = 0; m < M; ++m) be->gdn_conv(x.data() + m * C, s1.data(), w.data(), y1.data() + m * C, 1, C, K);
+    EXPECT_TRUE(same_bits(y1.data(), y.data(), y.size()));
+    EXPECT_EQ(s1, state_ref);
+    std::vector<float> si = state0, xi = x;
+    be->gdn_conv(xi.data(), si.data(), w.data(), xi.data(), M, C, K);
+    EXPECT_TRUE(same_bits(xi.data(), y.data(), y.size()));
+    EXPECT_EQ(si, state_ref);
+  }
+}
+
+TEST(CpuGdnGates, MatchesReference) {
+  std::mt19937 rng(21);
+  auto be = make_cpu_backend(1);
+  const int64_t M = 4, H = 6;
+  auto a = random_vec(rng, M * H, -30, 30), b = random_vec(rng, M * H, -8, 8);
+  auto dt = random_vec(rng, H), A = random_vec(rng, H, -4, -0.1f);
+  std::vector<float> ga = a, gb = b;
+  be->gdn_gates(ga.data(), gb.data(), dt.data(), A.data(), M, H);
+  std::vector<double> ra(M * H), rb(M * H);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t h = 0; h < H; ++h) {
+      const double u = double(a[m * H + h]) + dt[h];
+      ra[m * H + h] = A[h] * (u > 20 ? u : std::log1p(std::exp(u)));
+      rb[m * H + h] = 1.0 / (1.0 + std::exp(-double(b[m * H + h])));
+    }
+  expect_close(ga, ra, 1e-6, 1e-5, "g");
+  expect_close(gb, rb, 1e-7, 1e-6, "beta");
+}
+
+// ---- recurrence -----------------------------------------------------------------------------------
+
+struct GdnInputs {
+  GdnShape shape;
+  int64_t M;
+  std::vector<float> q, k, v, g, beta, state;
+};
+
+void l2norm_heads(std::vector<float>& x, int64_t d, float scale) {
+  for (size_t o = 0; o < x.size(); o += d) {
+    double ss = 0;
+    for (int64_t i = 0; i < d; ++i) ss += double(x[o + i]) * x[o + i];
+    for (int64_t i = 0; i < d; ++i) x[o + i] = float(x[o + i] / std::sqrt(ss + 1e-6) * scale);
+  }
+}
+
+// Realistic ranges: l2-normed q (scaled by 1/sqrt(head_k)) and k, g in [-5, 0], beta in (0, 1),
+// and a nonzero incoming state of the size a trained model carries.
+GdnInputs make_gdn(std::mt19937& rng, GdnShape s, int64_t M) {
+  GdnInputs in{s, M, {}, {}, {}, {}, {}, {}};
+  in.q = random_vec(rng, M * s.n_k_heads * s.head_k);
+  in.k = random_vec(rng, M * s.n_k_heads * s.head_k);
+  l2norm_heads(in.q, s.head_k, 1.0f / std::sqrt(float(s.head_k)));
+  l2norm_heads(in.k, s.head_k, 1.0f);
+  in.v = random_vec(rng, M * s.n_v_heads * s.head_v, -2, 2);
+  in.g = random_vec(rng, M * s.n_v_heads, -5, 0);
+  // Include slow-decay heads (g near 0), the case where errors accumulate the longest.
+  for (int64_t m = 0; m < M; ++m) in.g[m * s.n_v_heads] *= 0.01f;
+  in.beta = random_vec(rng, M * s.n_v_heads, 0.01f, 0.99f);
+  in.state = random_vec(rng, s.n_v_heads * s.head_k * s.head_v, -0.5f, 0.5f);
+  return in;
+}
+
+// Double-precision sequential reference; returns outputs, updates `state`.
+std::vector<double> gdn_ref(const GdnInputs& in, std::vector<double>& S) {
+  const auto& s = in.shape;
+  const int64_t Hk = s.n_k_heads, Hv = s.n_v_heads, dk = s.head_k, dv = s.head_v;
+  std::vector<double> out(in.M * Hv * dv);
+  for (int64_t p = 0; p < Hv; ++p) {
+    const int64_t kh = p % Hk;
+    double* Sp = S.data() + p * dk * dv;
+    for (int64_t m = 0; m < in.M; ++m) {
+      const float* q = in.q.data() + (m * Hk + kh) * dk;
+      const float* k = in.k.data() + (m * Hk + kh) * dk;
+      const float* v = in.v.data() + (m * Hv + p) * dv;
+      const double decay = std::exp(double(in.g[m * Hv + p])), b = in.beta[m * Hv + p];
+      for (int64_t i = 0; i < dk * dv; ++i) Sp[i] *= decay;
+      for (int64_t j = 0; j < dv; ++j) {
+        double kv = 0;
+        for (int64_t i = 0; i < dk; ++i) kv += Sp[i * dv + j] * k[i];
+        const double delta = (v[j] - kv) * b;
+        for (int64_t i = 0; i < dk; ++i) Sp[i * dv + j] += k[i] * delta;
+      }
+      for (int64_t j = 0; j < dv; ++j) {
+        double o = 0;
+        for (int64_t i = 0; i < dk; ++i) o += Sp[i * dv + j] * q[i];
+        out[(m * Hv + p) * dv + j] = o;
+      }
+    }
+  }
+  return out;
+}
+
+struct GdnResult {
+  std::vector<float> out, state, snapshots;
+};
+
+GdnResult run_gdn(Backend& be, const GdnInputs& in, bool chunked, bool snapshots = false, int64_t row0 = 0,
+                  int64_t rows = -1, const std::vector<float>* state0 = nullptr) {
+  const auto& s = in.shape;
+  if (rows < 0) rows = in.M - row0;
+  GdnResult r;
+  r.state = state0 ? *state0 : in.state;
+  r.out.assign(rows * s.n_v_heads * s.head_v, 0.0f);
+  if (snapshots) r.snapshots.assign(rows * s.n_v_heads * s.head_k * s.head_v, 0.0f);
+  const int64_t qk = row0 * s.n_k_heads * s.head_k, vv = row0 * s.n_v_heads * s.head_v, gg = row0 * s.n_v_heads;
+  if (chunked)
+    be.gdn_chunked(in.q.data() + qk, in.k.data() + qk, in.v.data() + vv, in.g.data() + gg, in.beta.data() + gg,
+                   r.state.data(), r.out.data(), rows, s);
+  else
+    be.gdn_recurrent(in.q.data() + qk, in.k.data() + qk, in.v.data() + vv, in.g.data() + gg, in.beta.data() + gg,
+                     r.state.data(), r.out.data(), snapshots ? r.snapshots.data() : nullptr, rows, s);
+  return r;
+}
+
+TEST(CpuGdnRecurrent, MatchesDoubleReference) {
+  std::mt19937 rng(22);
+  auto be = make_cpu_backend(3);
+  for (auto [shape, M] : {std::pair{GdnShape{1, 1, 16, 8}, 3}, {GdnShape{2, 6, 64, 32}, 20}, {GdnShape{2, 4, 128, 128}, 9}}) {
+    SCOPED_TRACE(testing::Message() << "Hk " << shape.n_k_heads << " Hv " << shape.n_v_heads << " M " << M);
+    auto in = make_gdn(rng, shape, M);
+    auto r = run_gdn(*be, in, false);
+    std::vector<double> S(in.state.begin(), in.state.end());
+    auto ref = gdn_ref(in, S);
+    expect_close(r.out, ref, 2e-5, 1e-4, "out");
+    expect_close(r.state, S, 2e-5, 1e-4, "state");
+  }
+}
+
+TEST(CpuGdnRecurrent, RowsAtOnceEqualRowByRowAndSnapshotsEqualShorterRuns) {
+  std::mt19937 rng(23);
+  auto be = make_cpu_backend(3);
+  const GdnShape shape{2, 6, 32, 16};
+  const int64_t M = 6;
+  auto in = make_gdn(rng, shape, M);
+  auto all = run_gdn(*be, in, false, /*snapshots=*/true);
+  const int64_t vrow = shape.n_v_heads * shape.head_v, srow = shape.n_v_heads * shape.head_k * shape.head_v;
+  std::vector<float> state = in.state;
+  for (int64_t m = 0; m < M; ++m) {
+    auto one = run_gdn(*be, in, false, false, m, 1, &state);
+    EXPECT_TRUE(same_bits(one.out.data(), all.out.data() + m * vrow, vrow)) << "row " << m;
+    state = one.state;
+    // The snapshot after row m is the state of a run that stopped after row m.
+    auto prefix = run_gdn(*be, in, false, false, 0, m + 1);
+    EXPECT_TRUE(same_bits(all.snapshots.data() + m * srow, prefix.state.data(), srow)) << "snapshot " << m;
+  }
+  EXPECT_TRUE(same_bits(state.data(), all.state.data(), srow));
+  auto be1 = make_cpu_backend(1);
+  auto t1 = run_gdn(*be1, in, false, true);
+  EXPECT_TRUE(same_bits(t1.out.data(), all.out.data(), all.out.size()));
+  EXPECT_TRUE(same_bits(t1.snapshots.data(), all.snapshots.data(), all.snapshots.size()));
+}
+
+// ---- chunked form ---------------------------------------------------------------------------------
+
+TEST(CpuGdnChunked, EqualsRecurrenceToFp32Rounding) {
+  std::mt19937 rng(24);
+  auto be = make_cpu_backend(3);
+  for (const GdnShape& shape : {GdnShape{2, 6, 64, 32}, GdnShape{1, 3, 128, 128}}) {
+    for (int64_t M : {1, 5, 64, 100, 200}) {
+      SCOPED_TRACE(testing::Message() << "head_k " << shape.head_k << " head_v " << shape.head_v << " M " << M);
+      auto in = make_gdn(rng, shape, M);
+      auto rec = run_gdn(*be, in, false);
+      auto chk = run_gdn(*be, in, true);
+      std::vector<double> S(in.state.begin(), in.state.end());
+      auto ref = gdn_ref(in, S);
+      const double e_out = expect_close(chk.out, std::vector<double>(rec.out.begin(), rec.out.end()), 1e-4, 1e-4,
+                                        "chunked vs recurrent out");
+      const double e_state = expect_close(chk.state, std::vector<double>(rec.state.begin(), rec.state.end()), 1e-4,
+                                          1e-4, "chunked vs recurrent state");
+      const double r_out = expect_close(chk.out, ref, 1e-4, 1e-4, "chunked vs double out");
+      const double r_state = expect_close(chk.state, S, 1e-4, 1e-4, "chunked vs double state");
+      const double q_out = expect_close(rec.out, ref, 1e-4, 1e-4, "recurrent vs double out");
+      const double q_state = expect_close(rec.state, S, 1e-4, 1e-4, "recurrent vs double state");
+      std::printf(
+          "[gdn_chunked] dk=%lld dv=%lld M=%3lld  max|chunked-recurrent| out %.2e state %.2e;"
+          "  vs double: chunked %.2e / %.2e, recurrent %.2e / %.2e\n",
+          (long long)shape.head_k, (long long)shape.head_v, (long long)M, e_out, e_state, r_out, r_state, q_out,
+          q_state);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dflash::test
