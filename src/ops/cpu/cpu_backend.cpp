@@ -17,9 +17,13 @@ std::unique_ptr<Backend> make_cpu_backend(int n_threads) { return std::make_uniq
 
 namespace cpu {
 
-// Elementwise ops split into ranges of this many elements (small enough to spread a hidden-state
+// Elementwise ops split into ranges of at most this many elements (small enough to spread a hidden-state
 // row over threads, large enough that the dispatch costs little).
 constexpr int64_t kElemGrain = 16384;
+
+CpuBackend::CpuBackend(int n_threads)
+    : own_pool_(n_threads > 0 ? std::make_unique<ThreadPool>(n_threads) : nullptr),
+      pool_(own_pool_ ? *own_pool_ : ThreadPool::global()) {}
 
 std::string CpuBackend::name() const { return fmt::format("cpu ({} threads)", pool_.size()); }
 
@@ -69,19 +73,11 @@ WeightRef CpuBackend::upload_weight(const void* host_data, GgmlType type, int64_
 
 // ---- linear algebra -------------------------------------------------------------------------------
 
-// Parallel over output columns: each task streams its weight rows once and applies each to all M
-// inputs. y[m][o] = dot_row(w_o, x_m): one dot per element, whatever M or the split.
+// quant's matmul_rows: parallel over output columns, y[m][o] = dot_row(w_o, x_m) with the bits of a
+// single dot_row call whatever M, the split or the thread count.
 void CpuBackend::matmul(const WeightRef& w, const float* x, float* y, int64_t M) {
   DFLASH_CHECK(w.valid(), "cpu matmul: invalid weight");
-  if (M <= 0) return;
-  const auto* base = static_cast<const uint8_t*>(w.data);
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, w.in * M));
-  pool_.parallel_for(w.out, grain, [&](int64_t o0, int64_t o1) {
-    for (int64_t o = o0; o < o1; ++o) {
-      const void* row = base + static_cast<size_t>(o) * w.row_bytes;
-      for (int64_t m = 0; m < M; ++m) y[m * w.out + o] = dot_row(w.type, row, x + m * w.in, w.in);
-    }
-  });
+  matmul_rows(w.type, w.data, w.in, w.out, x, M, y);
 }
 
 void CpuBackend::get_rows(const WeightRef& w, const int32_t* ids, float* y, int64_t M) {

@@ -1,19 +1,24 @@
 // The CPU reference backend (see ops/backend.h for each op's contract).
 //
-// fp32 math, one thread pool. Each output row is computed from that row's inputs with a reduction
+// fp32 math on quant's thread pool (parallel over output columns, heads or rows, never inside a
+// reduction). Each output row is computed from that row's inputs with a reduction
 // order fixed by the op's sizes, so M rows at once give the same bits as M calls of one row.
 // The ops are split over files by family: cpu_backend.cpp (memory, linear algebra, norms,
 // elementwise, hadamard, sampling), cpu_attention.cpp (rope, attention), cpu_gdn.cpp (Gated DeltaNet).
 #pragma once
 
+#include <memory>
+
 #include "ops/backend.h"
-#include "ops/cpu/thread_pool.h"
+#include "quant/thread_pool.h"
 
 namespace dflash::cpu {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int n_threads) : pool_(n_threads) {}
+  // n_threads <= 0: share the process-wide pool (DFLASH_THREADS or all cores); else a private pool of
+  // that many threads for the non-matmul ops. matmul always runs on quant's matmul_rows (global pool).
+  explicit CpuBackend(int n_threads);
   std::string name() const override;
 
   void* alloc(size_t bytes) override;
@@ -61,7 +66,8 @@ class CpuBackend final : public Backend {
   ThreadPool& pool() { return pool_; }
 
  private:
-  ThreadPool pool_;
+  std::unique_ptr<ThreadPool> own_pool_;
+  ThreadPool& pool_;
 };
 
 }  // namespace dflash::cpu
