@@ -107,9 +107,123 @@ void CpuBackend::gdn_recurrent(const float* q, const float* k, const float* v, c
 
 // ---- chunked (WY / UT transform) form -------------------------------------------------------------
 
+// Rows go in chunks of kChunk (the last one may be shorter). Within a chunk of L rows, with S0 the
+// state entering it, G_t = g_0 + ... + g_t (cumulative log-decay, t = 0..L-1) and Gam_t = exp(G_t),
+// unrolling the recurrence gives for the per-row update u_t (S_t = exp(g_t) S_{t-1} + k_t u_t^T):
+//   u_t = beta_t (v_t - Gam_t S0^T k_t - sum_{s<t} exp(G_t - G_s) (k_t . k_s) u_s)
+// i.e. (I + A) U = diag(beta) V - diag(beta Gam) K S0 with A[t][s] = beta_t exp(G_t - G_s) k_t.k_s (s < t).
+// UT transform: T = (I + A)^-1 (unit lower triangular, by forward substitution), then the WY factors
+//   W = T diag(beta Gam) K   [L, head_k],   U~ = T diag(beta) V   [L, head_v]
+// depend only on the chunk's own inputs (a GPU computes them for all chunks in parallel); the state
+// enters only through
+//   U   = U~ - W S0
+//   O_t = Gam_t S0^T q_t + sum_{s<=t} exp(G_t - G_s) (q_t . k_s) u_s
+//   S_L = Gam_{L-1} S0 + sum_s exp(G_{L-1} - G_s) k_s u_s^T.
+// Only differences G_t - G_s (<= 0) are exponentiated, never 1/Gam, so nothing overflows. G is summed
+// in double: differences of long fp32 prefix sums would lose the small per-row decays.
+// A row's output depends on the rows before it in its chunk and on where chunks start (multiples of
+// kChunk from the first row), so unlike gdn_recurrent this op is not bit-identical across M; it is
+// meant for prefill, where no other pass has to reproduce its bits.
+constexpr int64_t kChunk = 64;
+
 void CpuBackend::gdn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
                              float* state, float* out, int64_t M, const GdnShape& shape) {
-  gdn_recurrent(q, k, v, g, beta, state, out, nullptr, M, shape);
+  check_shape(shape, "gdn_chunked");
+  const int64_t Hk = shape.n_k_heads, Hv = shape.n_v_heads, dk = shape.head_k, dv = shape.head_v;
+  pool_.parallel_for(Hv, 1, [&](int64_t p0, int64_t p1) {
+    const auto sz = [](int64_t n) { return static_cast<size_t>(n); };
+    std::vector<float> Kc(sz(kChunk * dk)), Qc(sz(kChunk * dk)), Vc(sz(kChunk * dv));  // chunk rows, contiguous
+    std::vector<float> W(sz(kChunk * dk)), U(sz(kChunk * dv));
+    std::vector<float> A(sz(kChunk * kChunk)), T(sz(kChunk * kChunk)), QK(sz(kChunk * kChunk));
+    double G[kChunk];
+    float gam[kChunk], B[kChunk], dlast[kChunk];
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t kh = p % Hk;
+      float* S = state + p * dk * dv;
+      for (int64_t t0 = 0; t0 < M; t0 += kChunk) {
+        const int64_t L = std::min(kChunk, M - t0);
+        double cum = 0.0;
+        for (int64_t t = 0; t < L; ++t) {
+          const int64_t m = t0 + t;
+          std::memcpy(&Kc[t * dk], k + (m * Hk + kh) * dk, sz(dk) * sizeof(float));
+          std::memcpy(&Qc[t * dk], q + (m * Hk + kh) * dk, sz(dk) * sizeof(float));
+          std::memcpy(&Vc[t * dv], v + (m * Hv + p) * dv, sz(dv) * sizeof(float));
+          cum += g[m * Hv + p];
+          G[t] = cum;
+          gam[t] = static_cast<float>(std::exp(cum));
+          B[t] = beta[m * Hv + p];
+        }
+        // A (strictly lower) and the decayed q.k scores QK (lower, diagonal included).
+        for (int64_t t = 0; t < L; ++t)
+          for (int64_t s = 0; s <= t; ++s) {
+            const float decay = static_cast<float>(std::exp(G[t] - G[s]));
+            if (s < t) A[t * kChunk + s] = B[t] * decay * dot_f32(&Kc[t * dk], &Kc[s * dk], dk);
+            QK[t * kChunk + s] = dot_f32(&Qc[t * dk], &Kc[s * dk], dk) * decay;
+          }
+        // T = (I + A)^-1: T[t][s] = -sum_{r=s}^{t-1} A[t][r] T[r][s].
+        for (int64_t t = 0; t < L; ++t) {
+          for (int64_t s = 0; s < t; ++s) {
+            float acc = 0.0f;
+            for (int64_t r = s; r < t; ++r) acc += A[t * kChunk + r] * T[r * kChunk + s];
+            T[t * kChunk + s] = -acc;
+          }
+          T[t * kChunk + t] = 1.0f;
+        }
+        // WY factors: W = T diag(beta Gam) K, U~ = T diag(beta) V.
+        for (int64_t t = 0; t < L; ++t) {
+          float* Wt = &W[t * dk];
+          float* Ut = &U[t * dv];
+          std::fill(Wt, Wt + dk, 0.0f);
+          std::fill(Ut, Ut + dv, 0.0f);
+          for (int64_t s = 0; s <= t; ++s) {
+            const float cu = T[t * kChunk + s] * B[s];
+            const float cw = cu * gam[s];
+            const float* Ks = &Kc[s * dk];
+            const float* Vs = &Vc[s * dv];
+            for (int64_t i = 0; i < dk; ++i) Wt[i] += cw * Ks[i];
+            for (int64_t j = 0; j < dv; ++j) Ut[j] += cu * Vs[j];
+          }
+        }
+        // The state enters: U = U~ - W S0, then O = diag(Gam) Q S0 + QK U.
+        for (int64_t t = 0; t < L; ++t) {
+          float* Ut = &U[t * dv];
+          const float* Wt = &W[t * dk];
+          for (int64_t i = 0; i < dk; ++i) {
+            const float wi = Wt[i];
+            const float* Si = S + i * dv;
+            for (int64_t j = 0; j < dv; ++j) Ut[j] -= wi * Si[j];
+          }
+        }
+        for (int64_t t = 0; t < L; ++t) {
+          float* o = out + ((t0 + t) * Hv + p) * dv;
+          std::fill(o, o + dv, 0.0f);
+          const float* Qt = &Qc[t * dk];
+          for (int64_t i = 0; i < dk; ++i) {
+            const float qi = Qt[i];
+            const float* Si = S + i * dv;
+            for (int64_t j = 0; j < dv; ++j) o[j] += qi * Si[j];
+          }
+          for (int64_t j = 0; j < dv; ++j) o[j] *= gam[t];
+          for (int64_t s = 0; s <= t; ++s) {
+            const float c = QK[t * kChunk + s];
+            const float* Us = &U[s * dv];
+            for (int64_t j = 0; j < dv; ++j) o[j] += c * Us[j];
+          }
+        }
+        // S_L = Gam_{L-1} S0 + K^T diag(exp(G_{L-1} - G_s)) U.
+        for (int64_t s = 0; s < L; ++s) dlast[s] = static_cast<float>(std::exp(G[L - 1] - G[s]));
+        for (int64_t i = 0; i < dk; ++i) {
+          float* Si = S + i * dv;
+          for (int64_t j = 0; j < dv; ++j) Si[j] *= gam[L - 1];
+          for (int64_t s = 0; s < L; ++s) {
+            const float c = Kc[s * dk + i] * dlast[s];
+            const float* Us = &U[s * dv];
+            for (int64_t j = 0; j < dv; ++j) Si[j] += c * Us[j];
+          }
+        }
+      }
+    }
+  });
 }
 
 }  // namespace dflash::cpu
