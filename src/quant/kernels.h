@@ -17,6 +17,10 @@
 
 #include "quant/types.h"
 
+namespace dflash {
+class ThreadPool;
+}
+
 namespace dflash::quant_detail {
 
 constexpr int kLanes = 32;            // 4 AVX2 registers of 8 floats
@@ -62,7 +66,8 @@ void scalar_dot_tile(DequantFn dq, int64_t block_elems, int64_t block_bytes, con
 // Explicit-ISA versions of the public row functions (tests, benchmarks). Same checks as the public ones.
 void dequantize_row_isa(Isa isa, GgmlType type, const void* src, float* dst, int64_t n);
 float dot_row_isa(Isa isa, GgmlType type, const void* w, const float* x, int64_t n);
+// `pool` nullptr means ThreadPool::global().
 void matmul_rows_isa(Isa isa, GgmlType type, const void* W, int64_t n_in, int64_t n_out, const float* x, int64_t M,
-                     float* y);
+                     float* y, ThreadPool* pool = nullptr);
 
 }  // namespace dflash::quant_detail

@@ -14,7 +14,7 @@ namespace dflash {
 namespace quant_detail {
 
 void matmul_rows_isa(Isa isa, GgmlType type, const void* W, int64_t n_in, int64_t n_out, const float* x, int64_t M,
-                     float* y) {
+                     float* y, ThreadPool* pool_or_null) {
   const TypeTraits* t = type_traits(static_cast<uint32_t>(type));
   DFLASH_CHECK(t != nullptr && t->has_codec, "matmul_rows: type id {} has no codec", static_cast<uint32_t>(type));
   DFLASH_CHECK(n_in >= 0 && n_in % t->block_elems == 0,
@@ -24,7 +24,7 @@ void matmul_rows_isa(Isa isa, GgmlType type, const void* W, int64_t n_in, int64_
   if (n_out == 0 || M == 0) return;
   const size_t rb = row_bytes(type, n_in);
   const uint8_t* w = static_cast<const uint8_t*>(W);
-  ThreadPool& pool = ThreadPool::global();
+  ThreadPool& pool = pool_or_null != nullptr ? *pool_or_null : ThreadPool::global();
   // Ranges of output rows: enough of them to balance the threads, none so small that the hand-out costs.
   const int64_t grain = std::max<int64_t>(4, (n_out + 8 * pool.size() - 1) / (8 * pool.size()));
   pool.parallel_for(n_out, grain, [&](int64_t o_begin, int64_t o_end) {
