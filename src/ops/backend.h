@@ -127,6 +127,18 @@ class Backend {
   virtual void argmax(const float* x, int32_t* ids, int64_t M, int64_t n) = 0;
   // The k largest of each row, sorted descending (ties: lower index first): ids[M, k], vals[M, k].
   virtual void top_k(const float* x, int32_t* ids, float* vals, int64_t M, int64_t n, int64_t k) = 0;
+
+  // ---- DFlash drafter (SPEC 4.2) ------------------------------------------------------------
+  // Grouped dynamic causal conv over the M rows of one drafter block (row 0 reads zero padding:
+  // the conv never sees the context):
+  //   y[t][c] = sum_{o<K} (base[o*C + c] + d[t*d_stride + o*G + c/group]) * x[t-o][c]  (+ res[t][c])
+  // with G = C / group dynamic coefficients per tap, accumulated o = 0, 1, .. K-1, then res.
+  //   base: one stage of the GGUF conv_base (ne = [C, K, 2]; stage s starts at s*K*C), [K, C]
+  //   d:    the stage's K*G coefficients of row 0 in conv_proj's output [M, 2*K*G] (stage s at
+  //         offset s*K*G), rows d_stride floats apart
+  //   res:  null, or a residual [M, C] added last (may alias y); x must not alias y.
+  virtual void dflash_conv(const float* x, const float* base, const float* d, int64_t d_stride, const float* res,
+                           float* y, int64_t M, int64_t C, int64_t K, int64_t group) = 0;
 };
 
 // The CPU reference backend (always available).

@@ -63,6 +63,10 @@ class CpuBackend final : public Backend {
   void argmax(const float* x, int32_t* ids, int64_t M, int64_t n) override;
   void top_k(const float* x, int32_t* ids, float* vals, int64_t M, int64_t n, int64_t k) override;
 
+  // cpu_dflash.cpp
+  void dflash_conv(const float* x, const float* base, const float* d, int64_t d_stride, const float* res, float* y,
+                   int64_t M, int64_t C, int64_t K, int64_t group) override;
+
   ThreadPool& pool() { return pool_; }
 
  private:
