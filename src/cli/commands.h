@@ -1,0 +1,23 @@
+// The `dflash` subcommands. Each command lives in its own file cmd_<name>.cpp and defines
+// register_<name>(CLI::App&), which adds a subcommand with its options and a callback; main.cpp calls
+// every register_* function listed here. To add a command: write cmd_<name>.cpp, declare its
+// register function below, and call it in main.cpp.
+//
+// Conventions: callbacks report bad input by throwing dflash::Error (main prints
+// "dflash: error: <what>" and exits 1); CLI11 usage errors exit 2.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace dflash::cli {
+
+void register_info(CLI::App& app);      // cmd_info.cpp: header, metadata, tensor table of a GGUF file
+void register_quantize(CLI::App& app);  // cmd_quantize.cpp: re-quantize the weights of a GGUF file
+void register_dump(CLI::App& app);      // cmd_dump.cpp: one tensor dequantized to f32
+
+// Version string printed by `dflash --version`.
+constexpr const char* kVersion = "0.1.0";
+
+}  // namespace dflash::cli
