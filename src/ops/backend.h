@@ -83,11 +83,14 @@ class Backend {
                          int64_t cols) = 0;
 
   // ---- prism Hadamard (SPEC 3) ---------------------------------------------------------------
-  // Forward, for a rotated matmul's input: y[r] = H_blk(signs (.) x[r]) per 1024-chunk.
+  // Forward, for a rotated matmul's input: y[r] = H_blk(signs (.) x[r]) per `block`-chunk (1024 in
+  // Bonsai files; prism.hadamard.block_size, a power of two dividing n).
   // Inverse, for an embedding row: y[r] = signs (.) H_blk(x[r]). signs may be null (all +1).
-  // `perm` (may be null): x is first gathered, x'[i] = x[perm[i]] (ssm_out's grouped V order).
+  // `perm` (may be null; forward only, an inverse with a perm is rejected): x is first gathered,
+  // x'[i] = x[perm[i]] (ssm_out's grouped V order, prism::ssm_out_permutation). n: a multiple of 1024.
+  // y may equal x.
   virtual void hadamard(const float* x, const float* signs, const int32_t* perm, float* y, int64_t rows, int64_t n,
-                        bool inverse) = 0;
+                        int64_t block, bool inverse) = 0;
 
   // ---- attention ----------------------------------------------------------------------------
   // NeoX RoPE in place on x[M, heads, head_dim]: the first n_rot dims of each head, pairs (i, i + n_rot/2),
@@ -104,7 +107,7 @@ class Backend {
   // Causal depthwise conv over time + SiLU: for each channel c and row m,
   //   y[m][c] = silu( sum_{j<K} w[c][j] * in[m - (K-1) + j][c] ),
   // where rows before 0 come from state[K-1, C] (oldest first). w is the GGUF conv1d [K, C]
-  // (ne = [K, C]: K taps contiguous per channel). Updates state to the last K-1 inputs.
+  // (ne = [K, C]: K taps contiguous per channel). Updates state to the last K-1 inputs. y may equal x.
   virtual void gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C,
                         int64_t K) = 0;
   // Gates: beta[M, Hv] = sigmoid(b), g[M, Hv] = a_log_decay * softplus(a + dt_bias) (in place into b, a).
@@ -118,7 +121,9 @@ class Backend {
   virtual void gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
                              float* state, float* out, float* snapshots, int64_t M, const GdnShape& shape) = 0;
   // The same computation in chunked (WY / UT) form for prefill: equal to gdn_recurrent up to fp32
-  // rounding, much faster for long M. Backends may fall back to the recurrence.
+  // rounding, much faster for long M. Backends may fall back to the recurrence. Unlike the other ops
+  // its bits depend on M (a row's result depends on its chunk), so it is for prefill only; decode and
+  // verify use gdn_recurrent.
   virtual void gdn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
                            float* state, float* out, int64_t M, const GdnShape& shape) = 0;
 
