@@ -24,13 +24,16 @@ void fwht(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= scale;
 }
 
-static void check_width(int64_t n) {
-  DFLASH_CHECK(n > 0 && n % kHadamardBlock == 0, "prism hadamard: row length {} is not a multiple of {}", n,
-               kHadamardBlock);
+static void check_width(int64_t n, int64_t block) {
+  DFLASH_CHECK(block >= 2 && block <= 65536 && (block & (block - 1)) == 0,
+               "prism hadamard: block size {} is not a power of two in 2..65536", block);
+  DFLASH_CHECK(n > 0 && n % block == 0, "prism hadamard: row length {} is not a multiple of the block size {}", n,
+               block);
 }
 
-void hadamard_forward_row(const float* x, const float* signs, const int32_t* perm, float* y, int64_t n) {
-  check_width(n);
+void hadamard_forward_row(const float* x, const float* signs, const int32_t* perm, float* y, int64_t n,
+                          int64_t block) {
+  check_width(n, block);
   if (perm) {
     // Gather needs the whole source row intact; go through a copy when y aliases x.
     std::vector<float> tmp;
@@ -46,14 +49,14 @@ void hadamard_forward_row(const float* x, const float* signs, const int32_t* per
   } else {
     for (int64_t i = 0; i < n; ++i) y[i] = signs ? signs[i] * x[i] : x[i];
   }
-  for (int64_t c = 0; c < n; c += kHadamardBlock) fwht(y + c, kHadamardBlock);
+  for (int64_t c = 0; c < n; c += block) fwht(y + c, block);
 }
 
-void hadamard_inverse_row(const float* x, const float* signs, float* y, int64_t n) {
-  check_width(n);
+void hadamard_inverse_row(const float* x, const float* signs, float* y, int64_t n, int64_t block) {
+  check_width(n, block);
   if (y != x)
     for (int64_t i = 0; i < n; ++i) y[i] = x[i];
-  for (int64_t c = 0; c < n; c += kHadamardBlock) fwht(y + c, kHadamardBlock);
+  for (int64_t c = 0; c < n; c += block) fwht(y + c, block);
   if (signs)
     for (int64_t i = 0; i < n; ++i) y[i] *= signs[i];
 }

@@ -26,15 +26,18 @@ constexpr int64_t kHadamardBlock = 1024;
 // H_n = Sylvester / sqrt(n). Butterflies in a fixed order, then one scale (exact for n = 1024: 1/32).
 void fwht(float* x, int64_t n);
 
-// y = H_blk(s (.) P x) over one row of n elements (n a multiple of 1024). signs and perm may be null.
+// y = H_blk(s (.) P x) over one row of n elements, H_blk = H_block on each `block`-chunk (block a power
+// of two dividing n: 1024 in Bonsai files, smaller in tiny test models). signs and perm may be null.
 // y may equal x.
-void hadamard_forward_row(const float* x, const float* signs, const int32_t* perm, float* y, int64_t n);
+void hadamard_forward_row(const float* x, const float* signs, const int32_t* perm, float* y, int64_t n,
+                          int64_t block = kHadamardBlock);
 // y = s (.) H_blk(x) over one row. signs may be null. y may equal x.
-void hadamard_inverse_row(const float* x, const float* signs, float* y, int64_t n);
+void hadamard_inverse_row(const float* x, const float* signs, float* y, int64_t n, int64_t block = kHadamardBlock);
 
 // The converter's weight rotation: w_stored = H_blk(s (.) w) for one weight row of n inputs (see above).
-inline void rotate_weight_row(const float* w, const float* signs, float* w_stored, int64_t n) {
-  hadamard_forward_row(w, signs, nullptr, w_stored, n);
+inline void rotate_weight_row(const float* w, const float* signs, float* w_stored, int64_t n,
+                              int64_t block = kHadamardBlock) {
+  hadamard_forward_row(w, signs, nullptr, w_stored, n, block);
 }
 
 }  // namespace dflash::prism

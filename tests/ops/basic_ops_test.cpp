@@ -260,22 +260,21 @@ TEST(CpuHadamard, MatchesExplicitMatrix) {
       for (bool with_perm : {false, true}) {
         if (inverse && with_perm) continue;
         SCOPED_TRACE(testing::Message() << "inverse " << inverse << " signs " << with_signs << " perm " << with_perm);
-        be->hadamard(x.data(), with_signs ? s.data() : nullptr, with_perm ? perm.data() : nullptr, y.data(), rows, n,
-                     inverse);
+        be->hadamard(x.data(), with_signs ? s.data() : nullptr, with_perm ? perm.data() : nullptr, y.data(), rows, n, 1024, inverse);
         auto ref = hadamard_ref(x, with_signs ? &s : nullptr, with_perm ? &perm : nullptr, rows, n, inverse);
         expect_close(y, ref, 2e-6, 1e-6, "hadamard");
         // In place and row by row give the same bits.
         std::vector<float> xi = x;
         be->hadamard(xi.data(), with_signs ? s.data() : nullptr, with_perm ? perm.data() : nullptr, xi.data(), rows,
-                     n, inverse);
+                     n, 1024, inverse);
         EXPECT_TRUE(same_bits(xi.data(), y.data(), y.size()));
         std::vector<float> y1(n);
         be->hadamard(x.data() + n, with_signs ? s.data() : nullptr, with_perm ? perm.data() : nullptr, y1.data(), 1,
-                     n, inverse);
+                     n, 1024, inverse);
         EXPECT_TRUE(same_bits(y1.data(), y.data() + n, n));
       }
-  EXPECT_THROW(be->hadamard(x.data(), s.data(), perm.data(), y.data(), rows, n, true), Error);
-  EXPECT_THROW(be->hadamard(x.data(), nullptr, nullptr, y.data(), 1, 1000, false), Error);
+  EXPECT_THROW(be->hadamard(x.data(), s.data(), perm.data(), y.data(), rows, n, 1024, true), Error);
+  EXPECT_THROW(be->hadamard(x.data(), nullptr, nullptr, y.data(), 1, 1000, 1024, false), Error);
 }
 
 TEST(CpuHadamard, IsAnInvolutionAndInverseUndoesForward) {
@@ -286,11 +285,11 @@ TEST(CpuHadamard, IsAnInvolutionAndInverseUndoesForward) {
   std::vector<float> s(n);
   for (auto& v : s) v = (rng() & 1) ? 1.0f : -1.0f;
   std::vector<float> y(n), z(n);
-  be->hadamard(x.data(), nullptr, nullptr, y.data(), 1, n, false);
-  be->hadamard(y.data(), nullptr, nullptr, z.data(), 1, n, false);
+  be->hadamard(x.data(), nullptr, nullptr, y.data(), 1, n, 1024, false);
+  be->hadamard(y.data(), nullptr, nullptr, z.data(), 1, n, 1024, false);
   expect_close(z, x, 1e-6, 0, "H H x");
-  be->hadamard(x.data(), s.data(), nullptr, y.data(), 1, n, false);
-  be->hadamard(y.data(), s.data(), nullptr, z.data(), 1, n, true);
+  be->hadamard(x.data(), s.data(), nullptr, y.data(), 1, n, 1024, false);
+  be->hadamard(y.data(), s.data(), nullptr, z.data(), 1, n, 1024, true);
   expect_close(z, x, 1e-6, 0, "inverse(forward(x))");
 }
 

@@ -162,16 +162,14 @@ void CpuBackend::copy_rows(float* dst, int64_t dst_stride, const float* src, int
 // The permutation belongs to the forward direction only (ssm_out's input); an inverse with a
 // permutation is a caller bug.
 void CpuBackend::hadamard(const float* x, const float* signs, const int32_t* perm, float* y, int64_t rows, int64_t n,
-                          bool inverse) {
+                          int64_t block, bool inverse) {
   DFLASH_CHECK(!(inverse && perm), "cpu hadamard: a permutation is only defined for the forward transform");
-  DFLASH_CHECK(n % prism::kHadamardBlock == 0, "cpu hadamard: row length {} is not a multiple of {}", n,
-               prism::kHadamardBlock);
   pool_.parallel_for(rows, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       if (inverse)
-        prism::hadamard_inverse_row(x + r * n, signs, y + r * n, n);
+        prism::hadamard_inverse_row(x + r * n, signs, y + r * n, n, block);
       else
-        prism::hadamard_forward_row(x + r * n, signs, perm, y + r * n, n);
+        prism::hadamard_forward_row(x + r * n, signs, perm, y + r * n, n, block);
     }
   });
 }

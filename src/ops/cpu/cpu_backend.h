@@ -44,7 +44,7 @@ class CpuBackend final : public Backend {
   void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                  int64_t cols) override;
 
-  void hadamard(const float* x, const float* signs, const int32_t* perm, float* y, int64_t rows, int64_t n,
+  void hadamard(const float* x, const float* signs, const int32_t* perm, float* y, int64_t rows, int64_t n, int64_t block,
                 bool inverse) override;
 
   void rope_neox(float* x, const int32_t* pos, int64_t M, int64_t heads, int64_t head_dim, int64_t n_rot,

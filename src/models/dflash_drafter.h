@@ -1,0 +1,221 @@
+// The DFlash block drafter (arch `dflash`, SPEC 4): DFlash 2 (grouped dynamic conv + codebook
+// selector) and DFlash v1 (neither).
+//
+// A drafter proposes block_size - 1 tokens in ONE forward over block_size rows [anchor, MASK, ...]:
+// its attention keys are context rows projected from the target's tapped hidden states (one row
+// per committed position, appended as the target commits them) plus the block itself; the target's
+// own embedding and lm_head (with their prism rotations) are shared. Like a TargetModel, a Drafter
+// owns ONE sequence's state: its context cache.
+//
+// Shapes (27B drafter values in comments; every number comes from the file):
+//   x, n, u     [B=8, n_embd=5120]              block rows (B = block_size, always the trained size)
+//   taps        [rows, n_taps=5 * n_embd]        target features of committed positions
+//   Kctx, Vctx  [cap + B, n_head_kv=8, hd=128]   per layer; block keys are written after the context
+//   conv coeffs [B, 2 stages * K=2 taps * G=320] G = n_embd / conv_group_size(16)
+//   logits      [B-1, n_vocab=248320]            rows 1..B-1 through the target's lm_head
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "models/target.h"
+#include "ops/backend.h"
+
+namespace dflash {
+
+// Hyper-parameters of a `dflash` file (keys "dflash.*", SPEC 4.1).
+struct DrafterConfig {
+  int64_t n_layer = 0;        // block_count
+  int64_t n_embd = 0;         // embedding_length (== the target's hidden size)
+  int64_t n_ff = 0;           // feed_forward_length
+  int64_t n_head = 0;         // attention.head_count
+  int64_t n_head_kv = 0;      // attention.head_count_kv
+  int64_t head_dim = 0;       // attention.key_length (== value_length)
+  int64_t n_rot = 0;          // rope.dimension_count (default: head_dim, full RoPE)
+  float rms_eps = 1e-6f;      // attention.layer_norm_rms_epsilon
+  float rope_theta = 1e7f;    // rope.freq_base
+  int64_t block_size = 8;     // trained block: the drafter always runs this many rows
+  std::vector<int64_t> target_layers;  // layer-INPUT tap ids of the target (SPEC 2.5), in feature order
+  int64_t conv_kernel = 0;    // conv_kernel_size (taps K); 0 = no conv (DFlash v1)
+  int64_t conv_group = 0;     // conv_group_size: channels sharing one dynamic coefficient
+  int64_t selector_rank = 0;  // selector_rank (codebook row length)
+  int64_t selector_top_k = 0; // selector_top_k; 0 = no selector (DFlash v1: argmax drafts)
+  int64_t sliding_window = 0; // attention.sliding_window; 0 = every context row visible
+  bool causal = false;        // attention.causal: block rows see only earlier block rows
+  int32_t mask_token = -1;    // tokenizer.ggml.mask_token_id
+  int64_t n_vocab = 0;        // codebook rows (DFlash 2); 0 when the file has no vocabulary tensor
+
+  bool dflash2() const { return selector_top_k > 0; }
+  int64_t n_taps() const { return static_cast<int64_t>(target_layers.size()); }
+  int64_t conv_groups() const { return conv_group ? n_embd / conv_group : 0; }
+  int64_t conv_proj_out() const { return 2 * conv_kernel * conv_groups(); }
+};
+
+// Reads and checks the hyper-parameters of a drafter file (general.architecture == "dflash").
+DrafterConfig read_drafter_config(const gguf::File& file);
+
+// Checks that a drafter can serve a target: hidden size, vocabulary, tap ids (< the target's layer
+// count: a tap is the input of a layer), mask token. Throws naming both files and what mismatched.
+void check_drafter_fits_target(const DrafterConfig& drafter, const std::string& drafter_name,
+                               const TargetConfig& target, const std::string& target_name);
+
+// The selector's greedy walk (SPEC 4.2 step 6), on the host. For each row p (0-based, = block row p+1):
+//   S[k] = unary[p][k] + sum_r pred[prev][r] * g[p][r] * succ[cand[p][k]][r],  draft_p = cand[p][argmax S]
+// starting with prev = anchor (ties: the lowest k). `row(which, token, out)` writes codebook row
+// `token` (which 0 = predecessor, 1 = successor) as `rank` floats. Returns `rows` tokens.
+template <typename RowFn>
+std::vector<int32_t> selector_walk(int32_t anchor, int64_t rows, int64_t top_k, int64_t rank, const int32_t* cand,
+                                   const float* unary, const float* g, RowFn&& row);
+
+// The drafter's context cache policy (SPEC 4.3).
+enum class DrafterContextMode {
+  kReference,   // the trained semantics: keep the last window-1 rows, mask by absolute position
+  kSinkWindow,  // the seed's / MLX runtime's: the first `sink` rows + the last `window` rows
+};
+
+struct DrafterOptions {
+  DrafterContextMode context = DrafterContextMode::kReference;
+  int64_t sink = 64;       // kSinkWindow only
+  int64_t window = 1024;   // kSinkWindow only
+  int64_t append_chunk = 64;  // context rows projected per batch (scratch size)
+};
+
+// The abstract drafter the engine drives (tests plug in scripted drafters).
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  // Rows of one drafter forward; the engine verifies at most this many rows per cycle.
+  virtual int64_t block_size() const = 0;
+  // Positions 0..context_end()-1 have been appended; the next block's anchor sits at context_end().
+  virtual int64_t context_end() const = 0;
+  virtual void reset_context() = 0;
+  // Appends the target features of positions context_end()..+rows: taps [rows, n_taps * n_embd] (host).
+  virtual void append_context(std::span<const float> taps, int64_t rows) = 0;
+  // Proposes block_size() - 1 tokens for the block whose anchor `anchor` sits at context_end().
+  virtual std::vector<int32_t> draft(int32_t anchor) = 0;
+};
+
+// What one DFlash forward computed, kept for tests and the oracle (host copies).
+struct DraftTrace {
+  int64_t position = 0;               // P, the anchor's position
+  std::vector<float> hidden;          // [B, n_embd] after output_norm (rows 0..B-1; keep_trace only)
+  std::vector<float> logits;          // [B-1, n_vocab] (keep_trace only)
+  std::vector<int32_t> candidates;    // [B-1, top_k] (DFlash 2) sorted by logit, descending
+  std::vector<float> candidate_logits;  // [B-1, top_k]
+  std::vector<float> selector_hidden;   // [B-1, rank]: g = selector_hidden . h_p
+  std::vector<int32_t> tokens;        // [B-1] the proposals
+};
+
+class DFlashDrafter final : public Drafter {
+ public:
+  // Loads a drafter for `target` (which must have been loaded with tap_layers = the drafter's
+  // target_layers). The file must outlive the drafter (weights and codebooks are read in place on
+  // the CPU backend). Weights keep their file types; the selector codebooks stay on the host and
+  // are dequantized one looked-up row at a time.
+  static std::unique_ptr<DFlashDrafter> load(const gguf::File& file, TargetModel& target,
+                                             const DrafterOptions& options = {});
+  ~DFlashDrafter() override;
+
+  const DrafterConfig& config() const { return cfg_; }
+  int64_t block_size() const override { return cfg_.block_size; }
+  int64_t context_end() const override { return ctx_end_; }
+  // Context rows currently stored (after eviction), and their positions (ascending).
+  int64_t context_rows() const { return static_cast<int64_t>(ctx_pos_.size()); }
+  const std::vector<int64_t>& context_positions() const { return ctx_pos_; }
+  void reset_context() override;
+  void append_context(std::span<const float> taps, int64_t rows) override;
+  std::vector<int32_t> draft(int32_t anchor) override;
+
+  // Diagnostics: the last draft's trace (candidates, selector inputs, tokens; hidden states and
+  // logits only with set_keep_trace(true), since they cost a download per draft).
+  const DraftTrace& last_trace() const { return trace_; }
+  void set_keep_trace(bool keep) { keep_trace_ = keep; }
+  // Key range [lo, hi) of block row i for a block at position P over the stored context rows
+  // (context rows are indices 0..context_rows()-1, block keys follow them).
+  std::pair<int32_t, int32_t> key_range(int64_t P, int64_t i) const;
+
+ private:
+  DFlashDrafter(const gguf::File& file, TargetModel& target, const DrafterOptions& options);
+  struct Layer;
+  void load_weights(const gguf::File& file);
+  void allocate();
+  void append_chunk(const float* taps, int64_t rows);
+  void evict(int64_t incoming);
+  void move_rows(int64_t dst, int64_t src, int64_t n);
+  void codebook_row(int which, int32_t token, float* out) const;
+
+  TargetModel& target_;
+  Backend& be_;
+  DrafterConfig cfg_;
+  DrafterOptions opts_;
+  std::string name_;
+  std::vector<void*> owned_;
+  std::vector<Layer> layers_;
+  WeightRef fc_, sel_hidden_;
+  float* enc_norm_ = nullptr;     // [n_embd]
+  float* out_norm_ = nullptr;     // [n_embd]
+  struct Codebook {
+    const uint8_t* data = nullptr;  // host (file mapping), n_vocab rows of row_bytes
+    GgmlType type = GgmlType::F32;
+    size_t row_bytes = 0;
+  } codebook_[2];
+
+  // context cache
+  int64_t cap_ = 0;               // context rows the K/V buffers hold (block rows come after)
+  int64_t keep_ = 0;              // rows kept after an eviction (kReference: window-1)
+  int64_t ctx_end_ = 0;
+  std::vector<int64_t> ctx_pos_;  // position of each stored row (ascending)
+
+  // scratch (backend)
+  int32_t* d_ids_ = nullptr;      // [B]
+  int32_t* d_pos_ = nullptr;      // [max(B, chunk)]
+  int32_t* d_range_ = nullptr;    // [B, 2]
+  int32_t* d_topk_ids_ = nullptr; // [B-1, top_k]
+  float *d_topk_vals_ = nullptr;  // [B-1, top_k]
+  float *taps_ = nullptr, *c_ = nullptr;  // [chunk, n_taps*n_embd], [chunk, n_embd]
+  float *x_ = nullptr, *n_ = nullptr, *u_ = nullptr, *o_ = nullptr;  // [B, n_embd]
+  float *dyn_ = nullptr;          // [B, 2*K*G]
+  float *q_ = nullptr, *attn_ = nullptr;  // [B, n_head*hd]
+  float *gate_ = nullptr, *up_ = nullptr;  // [B, n_ff]
+  float *logits_ = nullptr;       // [B-1, n_vocab]
+  float *g_ = nullptr;            // [B-1, rank]
+  bool keep_trace_ = false;
+  DraftTrace trace_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// selector_walk (template: tests call it with their own row lookups)
+
+template <typename RowFn>
+std::vector<int32_t> selector_walk(int32_t anchor, int64_t rows, int64_t top_k, int64_t rank, const int32_t* cand,
+                                   const float* unary, const float* g, RowFn&& row) {
+  std::vector<int32_t> path(static_cast<size_t>(rows));
+  std::vector<float> pred(static_cast<size_t>(rank)), succ(static_cast<size_t>(rank)), pg(static_cast<size_t>(rank));
+  int32_t prev = anchor;
+  for (int64_t p = 0; p < rows; ++p) {
+    row(0, prev, pred.data());
+    for (int64_t r = 0; r < rank; ++r) pg[r] = pred[r] * g[p * rank + r];
+    int64_t best = 0;
+    float best_score = 0.0f;
+    for (int64_t k = 0; k < top_k; ++k) {
+      const int32_t tok = cand[p * top_k + k];
+      row(1, tok, succ.data());
+      float e = 0.0f;
+      for (int64_t r = 0; r < rank; ++r) e += pg[r] * succ[r];
+      const float s = unary[p * top_k + k] + e;
+      if (k == 0 || s > best_score) {
+        best = k;
+        best_score = s;
+      }
+    }
+    prev = cand[p * top_k + best];
+    path[p] = prev;
+  }
+  return path;
+}
+
+}  // namespace dflash

@@ -1,0 +1,588 @@
+// qwen35: the Qwen3.5 / Qwen3.8 hybrid (Gated DeltaNet + gated full attention), as shipped in
+// Ternary Bonsai 2 (prism-rotated PTQ1_0 / PQ2_0) and in stock llama.cpp-style GGUF files.
+// qwen3 (dense) is the degenerate case: every layer attention, no output gate, full RoPE
+// (see qwen3.cpp for its hyper-parameters).
+//
+// Shapes (27B values in comments; every number comes from the file):
+//   x        [M, n_embd=5120]                     residual stream
+//   attention: q|gate [M, n_head=24, 2*256], k/v [M, n_head_kv=4, 256], KV cache [n_ctx, 4, 256]
+//   GDN:     qkv [M, conv_dim=10240] = q [16 heads x 128] | k [16 x 128] | v [48 x 128]
+//            state [48, 128, 128] per layer, conv state [K-1=3, 10240]
+//   FFN:     gate/up [M, n_ff=17408]
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+
+#include "models/target.h"
+#include "models/weights.h"
+#include "prism/rotation.h"
+#include "util/error.h"
+
+namespace dflash {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Hyper-parameters
+
+int64_t require_int(const gguf::File& f, const std::string& key) {
+  DFLASH_CHECK(f.has(key), "{}: required metadata key '{}' is missing", f.path(), key);
+  return f.get_int(key);
+}
+
+}  // namespace
+
+TargetConfig read_target_config(const gguf::File& f) {
+  TargetConfig c;
+  c.arch = f.get_string("general.architecture");
+  DFLASH_CHECK(c.arch == "qwen35" || c.arch == "qwen3",
+               "{}: general.architecture is '{}'; dflash runs 'qwen35' and 'qwen3' targets", f.path(), c.arch);
+  const std::string p = c.arch + ".";
+  c.n_layer = require_int(f, p + "block_count");
+  c.n_embd = require_int(f, p + "embedding_length");
+  c.n_ff = require_int(f, p + "feed_forward_length");
+  c.n_ctx_train = f.get_int_or(p + "context_length", 4096);
+  c.n_head = require_int(f, p + "attention.head_count");
+  c.n_head_kv = f.get_int_or(p + "attention.head_count_kv", c.n_head);
+  DFLASH_CHECK(c.n_head > 0 && c.n_head_kv > 0 && c.n_head % c.n_head_kv == 0,
+               "{}: attention.head_count {} is not a positive multiple of head_count_kv {}", f.path(), c.n_head,
+               c.n_head_kv);
+  c.head_dim = f.get_int_or(p + "attention.key_length", c.n_embd / c.n_head);
+  const int64_t value_length = f.get_int_or(p + "attention.value_length", c.head_dim);
+  DFLASH_CHECK(value_length == c.head_dim, "{}: attention.value_length {} != key_length {} is not supported",
+               f.path(), value_length, c.head_dim);
+  c.rms_eps = static_cast<float>(f.get_float_or(p + "attention.layer_norm_rms_epsilon", 1e-6));
+  c.rope_theta = static_cast<float>(f.get_float_or(p + "rope.freq_base", c.arch == "qwen35" ? 1e7 : 1e6));
+  c.n_rot = f.get_int_or(p + "rope.dimension_count", c.head_dim);
+  DFLASH_CHECK(c.n_rot > 0 && c.n_rot <= c.head_dim && c.n_rot % 2 == 0,
+               "{}: rope.dimension_count {} must be even and <= head dim {}", f.path(), c.n_rot, c.head_dim);
+  DFLASH_CHECK(c.n_layer > 0 && c.n_embd > 0 && c.n_ff > 0 && c.head_dim > 0,
+               "{}: block_count, embedding_length, feed_forward_length and head dim must be positive", f.path());
+  if (c.arch == "qwen35") {
+    c.attn_output_gate = true;
+    c.full_attn_interval = f.get_int_or(p + "full_attention_interval", 4);
+    DFLASH_CHECK(c.full_attn_interval > 0, "{}: full_attention_interval must be positive", f.path());
+    c.ssm_conv_kernel = require_int(f, p + "ssm.conv_kernel");
+    c.ssm_inner = require_int(f, p + "ssm.inner_size");
+    c.ssm_head_k = require_int(f, p + "ssm.state_size");
+    c.ssm_v_heads = require_int(f, p + "ssm.time_step_rank");
+    c.ssm_k_heads = require_int(f, p + "ssm.group_count");
+    DFLASH_CHECK(c.ssm_conv_kernel >= 1 && c.ssm_conv_kernel <= 16, "{}: ssm.conv_kernel {} out of range", f.path(),
+                 c.ssm_conv_kernel);
+    DFLASH_CHECK(c.ssm_k_heads > 0 && c.ssm_v_heads > 0 && c.ssm_v_heads % c.ssm_k_heads == 0 &&
+                     c.ssm_inner % c.ssm_v_heads == 0 && c.ssm_head_k > 0,
+                 "{}: GDN sizes inconsistent: group_count {}, time_step_rank {}, inner_size {}, state_size {}",
+                 f.path(), c.ssm_k_heads, c.ssm_v_heads, c.ssm_inner, c.ssm_head_k);
+  }
+  return c;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Weights of one layer (unused members stay invalid / null)
+
+struct LayerWeights {
+  bool attention = false;
+  float* attn_norm = nullptr;       // [n_embd]
+  float* post_attn_norm = nullptr;  // [n_embd]
+  // attention
+  WeightRef wq, wk, wv, wo;         // q: [n_embd, n_head*hd*(gate?2:1)]
+  float* q_norm = nullptr;          // [hd]
+  float* k_norm = nullptr;          // [hd]
+  // Gated DeltaNet
+  WeightRef w_qkv, w_gate, w_alpha, w_beta, w_ssm_out;
+  float* conv1d = nullptr;          // [conv_dim, K] (ggml ne = [K, conv_dim])
+  float* dt_bias = nullptr;         // [Hv]
+  float* ssm_a = nullptr;           // [Hv]
+  float* ssm_norm = nullptr;        // [head_v]
+  // FFN
+  WeightRef ffn_gate, ffn_up, ffn_down;
+  // prism: which inputs are rotated
+  bool rot_attn_in = false, rot_attn_out = false, rot_ffn_in = false, rot_ffn_down = false;
+  bool rot_alpha_beta = false;
+};
+
+// Per-layer sequence state.
+struct LayerState {
+  float* k_cache = nullptr;      // [n_ctx, n_head_kv, hd]
+  float* v_cache = nullptr;
+  float* conv_state = nullptr;   // [K-1, conv_dim]
+  float* ssm_state = nullptr;    // [Hv, head_k, head_v]
+  // Undo support for the last undoable forward
+  float* conv_state_before = nullptr;  // [K-1, conv_dim]
+  float* conv_inputs = nullptr;        // [max_undo_rows, conv_dim]
+  float* ssm_snapshots = nullptr;      // [max_undo_rows, Hv*head_k*head_v]
+};
+
+constexpr int64_t kMaxUndoRows = 16;
+constexpr int64_t kChunkedThreshold = 32;  // prefill chunks at least this long use the chunked GDN form
+
+class Qwen35Model final : public TargetModel {
+ public:
+  Qwen35Model(const gguf::File& file, Backend& be, const TargetOptions& opts) : be_(be) {
+    cfg_ = read_target_config(file);
+    n_ctx_ = std::min<int64_t>(std::max<int64_t>(opts.n_ctx, 1), std::max<int64_t>(cfg_.n_ctx_train, 1));
+    max_rows_ = std::max<int64_t>(1, opts.max_rows);
+    taps_ = opts.tap_layers;
+    for (int64_t t : taps_)
+      DFLASH_CHECK(t >= 0 && t <= cfg_.n_layer, "tap layer {} is outside 0..{} (the target has {} layers)", t,
+                   cfg_.n_layer, cfg_.n_layer);
+    load_weights(file);
+    allocate_state();
+  }
+
+  ~Qwen35Model() override {
+    for (void* p : owned_) be_.release(p);
+  }
+
+  const TargetConfig& config() const override { return cfg_; }
+  int64_t n_ctx() const override { return n_ctx_; }
+  int64_t n_past() const override { return n_past_; }
+  int64_t max_rows() const override { return max_rows_; }
+  const std::vector<int64_t>& tap_layers() const override { return taps_; }
+  Backend& backend() override { return be_; }
+
+  void reset() override {
+    n_past_ = 0;
+    last_start_ = -1;
+    last_rows_ = 0;
+    for (auto& s : state_) {
+      if (s.conv_state) be_.fill_zero(s.conv_state, conv_state_bytes());
+      if (s.ssm_state) be_.fill_zero(s.ssm_state, ssm_state_bytes());
+    }
+  }
+
+  ForwardResult forward(std::span<const int32_t> tokens, const ForwardOptions& opts) override;
+  void rollback(int64_t n_keep) override;
+  void embed(const int32_t* ids, float* out, int64_t M) override;
+  void lm_head(const float* h, float* logits, int64_t M) override;
+
+ private:
+  // ---- sizes
+  int64_t q_width() const { return cfg_.n_head * cfg_.head_dim; }
+  int64_t kv_width() const { return cfg_.n_head_kv * cfg_.head_dim; }
+  int64_t conv_dim() const { return cfg_.ssm_conv_dim(); }
+  size_t conv_state_bytes() const { return sizeof(float) * (cfg_.ssm_conv_kernel - 1) * conv_dim(); }
+  size_t ssm_state_elems() const { return (size_t)cfg_.ssm_v_heads * cfg_.ssm_head_k * cfg_.ssm_head_v(); }
+  size_t ssm_state_bytes() const { return sizeof(float) * ssm_state_elems(); }
+
+  template <typename T>
+  T* alloc(size_t count) {
+    void* p = be_.alloc(std::max<size_t>(count, 1) * sizeof(T));
+    owned_.push_back(p);
+    return static_cast<T*>(p);
+  }
+
+  void load_weights(const gguf::File& file);
+  void allocate_state();
+  // Returns x rotated for a matmul with `in` inputs when `rotate` (into scratch), else x itself.
+  const float* rotated(const float* x, int64_t M, int64_t in, bool rotate, float* scratch, const int32_t* perm = nullptr);
+  void attention_block(int il, const float* n, float* y, int64_t M);
+  void gdn_block(int il, const float* n, float* y, int64_t M, bool undoable);
+  void ffn_block(int il, const float* n, float* y, int64_t M);
+
+  Backend& be_;
+  TargetConfig cfg_;
+  int64_t n_ctx_ = 0, max_rows_ = 0;
+  std::vector<int64_t> taps_;
+  std::vector<void*> owned_;
+
+  // global weights
+  WeightRef tok_embd_, output_;
+  float* output_norm_ = nullptr;
+  std::optional<prism::PrismRotation> prism_;
+  bool rot_embd_ = false, rot_output_ = false;
+  const float* signs_embd_ = nullptr;   // [n_embd] backend copies of the sign vectors by width
+  const float* signs_ff_ = nullptr;     // [n_ff]
+  const float* signs_q_ = nullptr;      // [n_head*hd] attn_output input
+  const float* signs_inner_ = nullptr;  // [ssm_inner]
+  int32_t* ssm_out_perm_ = nullptr;     // [ssm_inner] tiled -> grouped (gdn_v_grouped)
+  std::vector<LayerWeights> layers_;
+
+  // state
+  std::vector<LayerState> state_;
+  int64_t n_past_ = 0;
+  int64_t last_start_ = -1, last_rows_ = 0;
+  bool last_undoable_ = false;
+
+  // scratch, [max_rows, ...]
+  int32_t* d_ids_ = nullptr;
+  int32_t* d_pos_ = nullptr;
+  int32_t* d_kv_range_ = nullptr;  // [max_rows, 2]
+  int32_t* d_argmax_ = nullptr;
+  float *x_ = nullptr, *n_ = nullptr, *y_ = nullptr, *rot_ = nullptr, *rot2_ = nullptr;
+  float *big0_ = nullptr, *big1_ = nullptr, *big2_ = nullptr;  // [max_rows, max(...)]
+  float *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *gate_ = nullptr, *attn_ = nullptr;
+  float *a_ = nullptr, *b_ = nullptr;
+  float* logits_ = nullptr;  // [max_rows, n_vocab]
+  float* taps_buf_ = nullptr;  // [max_rows, n_taps*n_embd]
+};
+
+// ---------------------------------------------------------------------------------------------
+// Loading
+
+void Qwen35Model::load_weights(const gguf::File& file) {
+  WeightLoader L(file, be_);
+  const int64_t E = cfg_.n_embd;
+  const gguf::TensorInfo& te = file.tensor("token_embd.weight");
+  DFLASH_CHECK(te.n_dims == 2 && te.ne[0] == E, "{}: tensor 'token_embd.weight' has shape {}, expected [{}, n_vocab]",
+               file.path(), te.shape_string(), E);
+  cfg_.n_vocab = te.ne[1];
+  tok_embd_ = L.matrix("token_embd.weight", E, cfg_.n_vocab);
+  output_norm_ = L.vector("output_norm.weight", E);
+  // Tied embeddings when output.weight is absent.
+  output_ = file.find_tensor("output.weight") ? L.matrix("output.weight", E, cfg_.n_vocab) : tok_embd_;
+
+  prism_ = prism::PrismRotation::from_gguf(file);
+  if (prism_) {
+    rot_embd_ = prism_->is_inverse("token_embd.weight");
+    rot_output_ = prism_->is_rotated(file.find_tensor("output.weight") ? "output.weight" : "token_embd.weight");
+  }
+  auto is_rot = [&](const std::string& name) { return prism_ && prism_->is_rotated(name); };
+  auto upload_signs = [&](int64_t width) -> const float* {
+    if (!prism_ || !prism_->has_width(width)) return nullptr;
+    const std::vector<float>& s = prism_->signs_for_width(width);
+    float* d = alloc<float>(s.size());
+    be_.upload(d, s.data(), s.size() * sizeof(float));
+    return d;
+  };
+
+  const int64_t hd = cfg_.head_dim;
+  const int64_t q_out = q_width() * (cfg_.attn_output_gate ? 2 : 1);
+  layers_.resize(cfg_.n_layer);
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
+    LayerWeights& w = layers_[il];
+    const std::string p = "blk." + std::to_string(il) + ".";
+    w.attention = cfg_.is_attention_layer(il);
+    w.attn_norm = L.vector(p + "attn_norm.weight", E);
+    // qwen35 GGUFs name the pre-FFN norm post_attention_norm; qwen3 ffn_norm.
+    w.post_attn_norm = file.find_tensor(p + "post_attention_norm.weight") ? L.vector(p + "post_attention_norm.weight", E)
+                                                                          : L.vector(p + "ffn_norm.weight", E);
+    if (w.attention) {
+      w.wq = L.matrix(p + "attn_q.weight", E, q_out);
+      w.wk = L.matrix(p + "attn_k.weight", E, kv_width());
+      w.wv = L.matrix(p + "attn_v.weight", E, kv_width());
+      w.wo = L.matrix(p + "attn_output.weight", q_width(), E);
+      w.q_norm = L.vector(p + "attn_q_norm.weight", hd);
+      w.k_norm = L.vector(p + "attn_k_norm.weight", hd);
+      w.rot_attn_in = is_rot(p + "attn_q.weight");
+      DFLASH_CHECK(w.rot_attn_in == is_rot(p + "attn_k.weight") && w.rot_attn_in == is_rot(p + "attn_v.weight"),
+                   "{}: prism.hadamard.weight_names rotates only some of {}attn_q/k/v; they share one input",
+                   file.path(), p);
+      w.rot_attn_out = is_rot(p + "attn_output.weight");
+    } else {
+      const int64_t inner = cfg_.ssm_inner, Hv = cfg_.ssm_v_heads;
+      w.w_qkv = L.matrix(p + "attn_qkv.weight", E, conv_dim());
+      w.w_gate = L.matrix(p + "attn_gate.weight", E, inner);
+      w.w_alpha = L.matrix(p + "ssm_alpha.weight", E, Hv);
+      w.w_beta = L.matrix(p + "ssm_beta.weight", E, Hv);
+      w.w_ssm_out = L.matrix(p + "ssm_out.weight", inner, E);
+      L.expect_shape(p + "ssm_conv1d.weight", {cfg_.ssm_conv_kernel, conv_dim()});
+      w.conv1d = L.vector(p + "ssm_conv1d.weight", cfg_.ssm_conv_kernel * conv_dim());
+      w.dt_bias = L.vector(p + "ssm_dt.bias", Hv);
+      w.ssm_a = L.vector(p + "ssm_a", Hv);
+      w.ssm_norm = L.vector(p + "ssm_norm.weight", cfg_.ssm_head_v());
+      w.rot_attn_in = is_rot(p + "attn_qkv.weight");
+      DFLASH_CHECK(w.rot_attn_in == is_rot(p + "attn_gate.weight"),
+                   "{}: prism rotates only one of {}attn_qkv / attn_gate; they share one input", file.path(), p);
+      w.rot_alpha_beta = is_rot(p + "ssm_alpha.weight");
+      DFLASH_CHECK(w.rot_alpha_beta == is_rot(p + "ssm_beta.weight"),
+                   "{}: prism rotates only one of {}ssm_alpha / ssm_beta", file.path(), p);
+      w.rot_attn_out = is_rot(p + "ssm_out.weight");
+    }
+    w.ffn_gate = L.matrix(p + "ffn_gate.weight", E, cfg_.n_ff);
+    w.ffn_up = L.matrix(p + "ffn_up.weight", E, cfg_.n_ff);
+    w.ffn_down = L.matrix(p + "ffn_down.weight", cfg_.n_ff, E);
+    w.rot_ffn_in = is_rot(p + "ffn_gate.weight");
+    DFLASH_CHECK(w.rot_ffn_in == is_rot(p + "ffn_up.weight"),
+                 "{}: prism rotates only one of {}ffn_gate / ffn_up; they share one input", file.path(), p);
+    w.rot_ffn_down = is_rot(p + "ffn_down.weight");
+  }
+  for (void* p : L.owned()) owned_.push_back(p);
+
+  if (prism_) {
+    signs_embd_ = upload_signs(E);
+    signs_ff_ = upload_signs(cfg_.n_ff);
+    signs_q_ = upload_signs(q_width());
+    if (cfg_.arch == "qwen35") {
+      signs_inner_ = upload_signs(cfg_.ssm_inner);
+      if (prism_->gdn_v_grouped) {
+        std::vector<int32_t> perm = prism::ssm_out_permutation(cfg_.ssm_k_heads, cfg_.ssm_v_heads, cfg_.ssm_head_v());
+        ssm_out_perm_ = alloc<int32_t>(perm.size());
+        be_.upload(ssm_out_perm_, perm.data(), perm.size() * sizeof(int32_t));
+      }
+    }
+    // Every rotated matmul needs the sign vector of its input width.
+    auto need = [&](bool rotated, const float* signs, int64_t width, const char* what) {
+      DFLASH_CHECK(!rotated || signs != nullptr,
+                   "{}: prism rotates {} (input width {}) but prism.hadamard.sign_widths has no such width",
+                   file.path(), what, width);
+    };
+    need(rot_embd_ || rot_output_, signs_embd_, E, "token_embd/output");
+    for (const LayerWeights& w : layers_) {
+      need(w.rot_attn_in || w.rot_ffn_in || w.rot_alpha_beta, signs_embd_, E, "a layer input");
+      need(w.rot_ffn_down, signs_ff_, cfg_.n_ff, "ffn_down");
+      if (w.attention) need(w.rot_attn_out, signs_q_, q_width(), "attn_output");
+      else need(w.rot_attn_out, signs_inner_, cfg_.ssm_inner, "ssm_out");
+    }
+  }
+}
+
+void Qwen35Model::allocate_state() {
+  const int64_t E = cfg_.n_embd, R = max_rows_;
+  state_.resize(cfg_.n_layer);
+  int64_t widest = std::max<int64_t>(cfg_.n_ff, q_width() * 2);
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
+    LayerState& s = state_[il];
+    if (layers_[il].attention) {
+      s.k_cache = alloc<float>((size_t)n_ctx_ * kv_width());
+      s.v_cache = alloc<float>((size_t)n_ctx_ * kv_width());
+    } else {
+      const int64_t km1 = cfg_.ssm_conv_kernel - 1;
+      s.conv_state = alloc<float>((size_t)km1 * conv_dim());
+      s.ssm_state = alloc<float>(ssm_state_elems());
+      s.conv_state_before = alloc<float>((size_t)km1 * conv_dim());
+      s.conv_inputs = alloc<float>((size_t)kMaxUndoRows * conv_dim());
+      s.ssm_snapshots = alloc<float>((size_t)kMaxUndoRows * ssm_state_elems());
+      widest = std::max(widest, conv_dim());
+    }
+  }
+  widest = std::max(widest, E);
+  d_ids_ = alloc<int32_t>(R);
+  d_pos_ = alloc<int32_t>(R);
+  d_kv_range_ = alloc<int32_t>(2 * R);
+  d_argmax_ = alloc<int32_t>(R);
+  x_ = alloc<float>(R * E);
+  n_ = alloc<float>(R * E);
+  y_ = alloc<float>(R * E);
+  rot_ = alloc<float>(R * widest);
+  rot2_ = alloc<float>(R * widest);
+  big0_ = alloc<float>(R * widest);
+  big1_ = alloc<float>(R * widest);
+  big2_ = alloc<float>(R * widest);
+  q_ = alloc<float>(R * widest);
+  k_ = alloc<float>(R * widest);
+  v_ = alloc<float>(R * widest);
+  gate_ = alloc<float>(R * widest);
+  attn_ = alloc<float>(R * widest);
+  a_ = alloc<float>(R * std::max<int64_t>(cfg_.ssm_v_heads, 1));
+  b_ = alloc<float>(R * std::max<int64_t>(cfg_.ssm_v_heads, 1));
+  logits_ = alloc<float>((size_t)R * cfg_.n_vocab);
+  taps_buf_ = alloc<float>((size_t)R * E * std::max<size_t>(taps_.size(), 1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+const float* Qwen35Model::rotated(const float* x, int64_t M, int64_t in, bool rotate, float* scratch,
+                                  const int32_t* perm) {
+  if (!rotate) return x;
+  const float* signs = in == cfg_.n_embd ? signs_embd_
+                       : in == cfg_.n_ff ? signs_ff_
+                       : in == q_width() ? signs_q_
+                                         : signs_inner_;
+  be_.hadamard(x, signs, perm, scratch, M, in, prism_->block_size, /*inverse=*/false);
+  return scratch;
+}
+
+void Qwen35Model::embed(const int32_t* ids, float* out, int64_t M) {
+  be_.get_rows(tok_embd_, ids, out, M);
+  if (rot_embd_) be_.hadamard(out, signs_embd_, nullptr, out, M, cfg_.n_embd, prism_->block_size, /*inverse=*/true);
+}
+
+void Qwen35Model::lm_head(const float* h, float* logits, int64_t M) {
+  // Process in slices of max_rows so the rotation scratch suffices.
+  for (int64_t r0 = 0; r0 < M; r0 += max_rows_) {
+    const int64_t m = std::min(max_rows_, M - r0);
+    const float* hin = rotated(h + r0 * cfg_.n_embd, m, cfg_.n_embd, rot_output_, rot2_);
+    be_.matmul(output_, hin, logits + r0 * cfg_.n_vocab, m);
+  }
+}
+
+void Qwen35Model::attention_block(int il, const float* n, float* y, int64_t M) {
+  const LayerWeights& w = layers_[il];
+  LayerState& s = state_[il];
+  const int64_t hd = cfg_.head_dim, H = cfg_.n_head, Hkv = cfg_.n_head_kv;
+  const float* nin = rotated(n, M, cfg_.n_embd, w.rot_attn_in, rot_);
+  float* k_rows = s.k_cache + n_past_ * kv_width();
+  float* v_rows = s.v_cache + n_past_ * kv_width();
+  if (cfg_.attn_output_gate) {
+    // attn_q rows are [q(hd) | gate(hd)] per head: split as [M*H, 2*hd] -> q, gate [M*H, hd]
+    be_.matmul(w.wq, nin, big0_, M);
+    be_.copy_rows(q_, hd, big0_, 2 * hd, M * H, hd);
+    be_.copy_rows(gate_, hd, big0_ + hd, 2 * hd, M * H, hd);
+  } else {
+    be_.matmul(w.wq, nin, q_, M);
+  }
+  be_.matmul(w.wk, nin, k_rows, M);
+  be_.matmul(w.wv, nin, v_rows, M);
+  be_.rms_norm(q_, w.q_norm, q_, M * H, hd, cfg_.rms_eps);
+  be_.rms_norm(k_rows, w.k_norm, k_rows, M * Hkv, hd, cfg_.rms_eps);
+  be_.rope_neox(q_, d_pos_, M, H, hd, cfg_.n_rot, cfg_.rope_theta);
+  be_.rope_neox(k_rows, d_pos_, M, Hkv, hd, cfg_.n_rot, cfg_.rope_theta);
+  be_.attention(q_, s.k_cache, s.v_cache, d_kv_range_, attn_, M, H, Hkv, hd, 1.0f / std::sqrt((float)hd));
+  if (cfg_.attn_output_gate) be_.mul_sigmoid(attn_, gate_, attn_, M * q_width());
+  const float* oin = rotated(attn_, M, q_width(), w.rot_attn_out, rot_);
+  be_.matmul(w.wo, oin, y, M);
+}
+
+void Qwen35Model::gdn_block(int il, const float* n, float* y, int64_t M, bool undoable) {
+  const LayerWeights& w = layers_[il];
+  LayerState& s = state_[il];
+  const int64_t Hk = cfg_.ssm_k_heads, Hv = cfg_.ssm_v_heads, dk = cfg_.ssm_head_k, dv = cfg_.ssm_head_v();
+  const int64_t C = conv_dim(), K = cfg_.ssm_conv_kernel;
+  const float* nin = rotated(n, M, cfg_.n_embd, w.rot_attn_in, rot_);
+  be_.matmul(w.w_qkv, nin, big0_, M);    // [M, C] pre-conv
+  be_.matmul(w.w_gate, nin, gate_, M);   // z [M, inner]
+  const float* nab = w.rot_alpha_beta ? (w.rot_attn_in ? nin : rotated(n, M, cfg_.n_embd, true, rot2_)) : n;
+  be_.matmul(w.w_beta, nab, b_, M);      // [M, Hv]
+  be_.matmul(w.w_alpha, nab, a_, M);     // [M, Hv]
+  if (undoable) {
+    be_.copy(s.conv_state_before, s.conv_state, conv_state_bytes());
+    be_.copy(s.conv_inputs, big0_, sizeof(float) * M * C);
+  }
+  be_.gdn_conv(big0_, s.conv_state, w.conv1d, big1_, M, C, K);  // silu(conv) [M, C]
+  // split q | k | v
+  be_.copy_rows(q_, Hk * dk, big1_, C, M, Hk * dk);
+  be_.copy_rows(k_, Hk * dk, big1_ + Hk * dk, C, M, Hk * dk);
+  be_.copy_rows(v_, Hv * dv, big1_ + 2 * Hk * dk, C, M, Hv * dv);
+  be_.l2_norm(q_, q_, M * Hk, dk, 1e-6f, 1.0f / std::sqrt((float)dk));
+  be_.l2_norm(k_, k_, M * Hk, dk, 1e-6f, 1.0f);
+  be_.gdn_gates(a_, b_, w.dt_bias, w.ssm_a, M, Hv);  // a_ -> g (log-decay), b_ -> beta
+  GdnShape shape{Hk, Hv, dk, dv};
+  if (!undoable && M >= kChunkedThreshold)
+    be_.gdn_chunked(q_, k_, v_, a_, b_, s.ssm_state, attn_, M, shape);
+  else
+    be_.gdn_recurrent(q_, k_, v_, a_, b_, s.ssm_state, attn_, undoable ? s.ssm_snapshots : nullptr, M, shape);
+  be_.rms_norm_gated(attn_, w.ssm_norm, gate_, attn_, M * Hv, dv, cfg_.rms_eps);
+  const float* oin = rotated(attn_, M, cfg_.ssm_inner, w.rot_attn_out, rot_, ssm_out_perm_);
+  be_.matmul(w.w_ssm_out, oin, y, M);
+}
+
+void Qwen35Model::ffn_block(int il, const float* n, float* y, int64_t M) {
+  const LayerWeights& w = layers_[il];
+  const float* nin = rotated(n, M, cfg_.n_embd, w.rot_ffn_in, rot_);
+  be_.matmul(w.ffn_gate, nin, big0_, M);
+  be_.matmul(w.ffn_up, nin, big1_, M);
+  be_.swiglu(big0_, big1_, big2_, M * cfg_.n_ff);
+  const float* din = rotated(big2_, M, cfg_.n_ff, w.rot_ffn_down, rot_);
+  be_.matmul(w.ffn_down, din, y, M);
+}
+
+ForwardResult Qwen35Model::forward(std::span<const int32_t> tokens, const ForwardOptions& opts) {
+  const int64_t M = static_cast<int64_t>(tokens.size());
+  const int64_t E = cfg_.n_embd;
+  DFLASH_CHECK(M >= 1 && M <= max_rows_, "forward of {} rows: must be 1..{}", M, max_rows_);
+  DFLASH_CHECK(!opts.undoable || M <= kMaxUndoRows, "an undoable forward takes at most {} rows, got {}",
+               kMaxUndoRows, M);
+  DFLASH_CHECK(n_past_ + M <= n_ctx_, "context full: {} cached + {} new tokens exceed the context of {} tokens",
+               n_past_, M, n_ctx_);
+  for (int64_t m = 0; m < M; ++m)
+    DFLASH_CHECK(tokens[m] >= 0 && tokens[m] < cfg_.n_vocab, "token id {} at row {} is outside the vocabulary (0..{})",
+                 tokens[m], m, cfg_.n_vocab - 1);
+
+  std::vector<int32_t> pos(M), range(2 * M);
+  for (int64_t m = 0; m < M; ++m) {
+    pos[m] = static_cast<int32_t>(n_past_ + m);
+    range[2 * m] = 0;
+    range[2 * m + 1] = static_cast<int32_t>(n_past_ + m + 1);  // causal: keys 0..pos
+  }
+  be_.upload(d_ids_, tokens.data(), M * sizeof(int32_t));
+  be_.upload(d_pos_, pos.data(), M * sizeof(int32_t));
+  be_.upload(d_kv_range_, range.data(), 2 * M * sizeof(int32_t));
+
+  embed(d_ids_, x_, M);
+  const int64_t n_taps = static_cast<int64_t>(taps_.size());
+  auto capture_taps = [&](int64_t layer_input) {
+    if (!opts.want_taps) return;
+    for (int64_t t = 0; t < n_taps; ++t)
+      if (taps_[t] == layer_input) be_.copy_rows(taps_buf_ + t * E, n_taps * E, x_, E, M, E);
+  };
+
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
+    capture_taps(il);
+    const LayerWeights& w = layers_[il];
+    be_.rms_norm(x_, w.attn_norm, n_, M, E, cfg_.rms_eps);
+    if (w.attention)
+      attention_block(il, n_, y_, M);
+    else
+      gdn_block(il, n_, y_, M, opts.undoable);
+    be_.add(x_, y_, x_, M * E);
+    be_.rms_norm(x_, w.post_attn_norm, n_, M, E, cfg_.rms_eps);
+    ffn_block(il, n_, y_, M);
+    be_.add(x_, y_, x_, M * E);
+  }
+  capture_taps(cfg_.n_layer);
+
+  ForwardResult res;
+  if (opts.logits != LogitRows::kNone) {
+    const int64_t first = opts.logits == LogitRows::kLast ? M - 1 : 0;
+    const int64_t rows = M - first;
+    be_.rms_norm(x_ + first * E, output_norm_, n_, rows, E, cfg_.rms_eps);
+    lm_head(n_, logits_, rows);
+    be_.argmax(logits_, d_argmax_, rows, cfg_.n_vocab);
+    res.argmax.resize(rows);
+    be_.download(res.argmax.data(), d_argmax_, rows * sizeof(int32_t));
+    if (opts.want_logits) {
+      res.logits.resize((size_t)rows * cfg_.n_vocab);
+      be_.download(res.logits.data(), logits_, res.logits.size() * sizeof(float));
+    }
+  }
+  if (opts.want_taps) {
+    res.taps.resize((size_t)M * n_taps * E);
+    if (!res.taps.empty()) be_.download(res.taps.data(), taps_buf_, res.taps.size() * sizeof(float));
+  }
+  last_start_ = n_past_;
+  last_rows_ = M;
+  last_undoable_ = opts.undoable;
+  n_past_ += M;
+  return res;
+}
+
+void Qwen35Model::rollback(int64_t n_keep) {
+  DFLASH_CHECK(last_start_ >= 0 && last_undoable_, "rollback needs an undoable forward just before it");
+  DFLASH_CHECK(n_keep >= 1 && n_keep <= last_rows_, "rollback keeps {} rows of a {}-row forward", n_keep, last_rows_);
+  if (n_keep == last_rows_) return;
+  // KV rows past the kept ones are simply overwritten later (attention never reads beyond n_past).
+  n_past_ = last_start_ + n_keep;
+  const int64_t C = conv_dim(), km1 = cfg_.ssm_conv_kernel - 1;
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
+    if (layers_[il].attention) continue;
+    LayerState& s = state_[il];
+    be_.copy(s.ssm_state, s.ssm_snapshots + (size_t)(n_keep - 1) * ssm_state_elems(), ssm_state_bytes());
+    // conv state = the last K-1 rows of [state_before ; inputs[0..n_keep)]
+    for (int64_t r = 0; r < km1; ++r) {
+      const int64_t src = n_keep + r;  // index into the concatenation (length km1 + n_keep) of the row
+      const float* from = src < km1 ? s.conv_state_before + src * C : s.conv_inputs + (src - km1) * C;
+      be_.copy(s.conv_state + r * C, from, C * sizeof(float));
+    }
+  }
+  last_rows_ = n_keep;
+  last_undoable_ = false;  // a second rollback would need the pre-rollback snapshots
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+std::unique_ptr<TargetModel> TargetModel::load(const gguf::File& file, Backend& backend, const TargetOptions& options) {
+  return std::make_unique<Qwen35Model>(file, backend, options);
+}
+
+int32_t prefill(TargetModel& model, std::span<const int32_t> tokens, std::vector<float>* taps_out) {
+  DFLASH_CHECK(!tokens.empty(), "prefill of an empty prompt");
+  int32_t last = -1;
+  for (size_t i = 0; i < tokens.size(); i += model.max_rows()) {
+    const size_t m = std::min<size_t>(model.max_rows(), tokens.size() - i);
+    ForwardOptions o;
+    o.logits = i + m == tokens.size() ? LogitRows::kLast : LogitRows::kNone;
+    o.want_taps = taps_out != nullptr;
+    ForwardResult r = model.forward(tokens.subspan(i, m), o);
+    if (taps_out) taps_out->insert(taps_out->end(), r.taps.begin(), r.taps.end());
+    if (!r.argmax.empty()) last = r.argmax.back();
+  }
+  return last;
+}
+
+}  // namespace dflash

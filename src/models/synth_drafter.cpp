@@ -1,0 +1,232 @@
+#include "models/synth_drafter.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <memory>
+#include <thread>
+
+#include "gguf/gguf.h"
+#include "util/error.h"
+
+namespace dflash {
+namespace {
+
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+uint64_t tensor_seed(const std::string& name, uint64_t seed) {
+  uint64_t h = 1469598103934665603ull ^ mix64(seed ^ 0xd4f1a5);
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return mix64(h);
+}
+
+// How a tensor's rows are drawn.
+enum class Fill {
+  kMatrix,    // N(0, 1) * scale
+  kNorm,      // 1 + N(0, 1) * scale
+  kConvBase,  // rows (stage s, tap o): tap 0 ~ 1 + noise, later taps ~ noise (identity-like, SPEC 6)
+};
+
+struct Plan {
+  std::string name;
+  GgmlType type;
+  std::vector<int64_t> ne;
+  Fill fill;
+  float scale;
+};
+
+}  // namespace
+
+SynthDrafterSpec SynthDrafterSpec::for_target(const SynthTargetSpec& t) {
+  SynthDrafterSpec s;
+  s.n_embd = t.n_embd;
+  s.n_vocab = t.n_vocab;
+  s.n_ctx_train = t.n_ctx_train;
+  s.rope_theta = t.rope_theta;
+  s.rms_eps = t.rms_eps;
+  s.mask_token = t.tokenizer ? 259 : static_cast<int32_t>(t.n_vocab - 1);
+  s.target_layers.clear();
+  if (t.n_layer >= 8) {
+    for (int i = 0; i < 5; ++i)
+      s.target_layers.push_back(static_cast<int64_t>(std::lround(1.0 + i * (t.n_layer - 4) / 4.0)) + 1);
+  } else {
+    for (int64_t l = 1; l < t.n_layer && s.target_layers.size() < 3; ++l) s.target_layers.push_back(l);
+    if (s.target_layers.empty()) s.target_layers.push_back(0);
+  }
+  s.head_dim = std::min<int64_t>(128, std::max<int64_t>(16, t.n_embd / 4));
+  s.n_head = std::max<int64_t>(2, t.n_embd / s.head_dim);
+  s.n_head_kv = std::max<int64_t>(1, s.n_head / 2);
+  s.n_ff = 2 * t.n_embd;
+  s.conv_group = t.n_embd % 16 == 0 ? 16 : 1;
+  s.matmul_type = t.matmul_type == GgmlType::F32 ? GgmlType::F32 : GgmlType::Q8_0;
+  s.codebook_type = s.matmul_type;
+  s.heavy_type = s.matmul_type;
+  return s;
+}
+
+SynthDrafterSpec SynthDrafterSpec::qwen38_27b() {
+  SynthDrafterSpec s;
+  s.n_layer = 5;
+  s.n_embd = 5120;
+  s.n_ff = 17408;
+  s.n_head = 32;
+  s.n_head_kv = 8;
+  s.head_dim = 128;
+  s.n_vocab = 248320;
+  s.n_ctx_train = 262144;
+  s.rope_theta = 1e7;
+  s.rms_eps = 1e-6;
+  s.block_size = 8;
+  s.target_layers = {6, 20, 34, 48, 62};
+  s.dflash2 = true;
+  s.conv_kernel = 2;
+  s.conv_group = 16;
+  s.selector_rank = 256;
+  s.selector_top_k = 16;
+  s.sliding_window = 2048;
+  s.causal = false;
+  s.mask_token = 248070;
+  s.matmul_type = GgmlType::Q4_K;
+  s.codebook_type = GgmlType::Q4_K;
+  s.heavy_type = GgmlType::Q6_K;
+  s.heavy_layers = {2, 4};
+  return s;
+}
+
+void synth_drafter(const SynthDrafterSpec& s, const std::string& path,
+                   const std::function<void(uint64_t, uint64_t)>& progress) {
+  using gguf::Value;
+  using gguf::ValueType;
+  DFLASH_CHECK(s.n_layer > 0 && s.n_embd > 0 && s.n_ff > 0 && s.n_head > 0 && s.n_head_kv > 0 && s.head_dim > 0,
+               "synth-drafter: sizes must be positive");
+  DFLASH_CHECK(s.n_head % s.n_head_kv == 0, "synth-drafter: head_count {} not a multiple of head_count_kv {}",
+               s.n_head, s.n_head_kv);
+  DFLASH_CHECK(!s.target_layers.empty(), "synth-drafter: no target layers");
+  DFLASH_CHECK(s.mask_token >= 0 && s.mask_token < s.n_vocab, "synth-drafter: mask token {} outside the vocabulary {}",
+               s.mask_token, s.n_vocab);
+  DFLASH_CHECK(s.block_size >= 2, "synth-drafter: block size {} < 2", s.block_size);
+  if (s.dflash2)
+    DFLASH_CHECK(s.conv_kernel >= 1 && s.conv_group >= 1 && s.n_embd % s.conv_group == 0 && s.selector_rank > 0 &&
+                     s.selector_top_k > 0 && s.selector_top_k <= s.n_vocab,
+                 "synth-drafter: conv kernel {} / group {} / selector rank {} / top-k {} invalid for hidden {}",
+                 s.conv_kernel, s.conv_group, s.selector_rank, s.selector_top_k, s.n_embd);
+  const int64_t E = s.n_embd, hd = s.head_dim, n_taps = static_cast<int64_t>(s.target_layers.size());
+  const int64_t K = s.conv_kernel, G = s.dflash2 ? E / s.conv_group : 0;
+
+  gguf::Writer w;
+  const std::string p = "dflash.";
+  w.set("general.architecture", Value::string("dflash"));
+  w.set("general.name", Value::string(s.dflash2 ? "dflash synthetic DFlash 2 drafter" : "dflash synthetic DFlash drafter"));
+  w.set("general.type", Value::string("model"));
+  w.set(p + "block_count", Value::u32(s.n_layer));
+  w.set(p + "context_length", Value::u32(s.n_ctx_train));
+  w.set(p + "embedding_length", Value::u32(E));
+  w.set(p + "feed_forward_length", Value::u32(s.n_ff));
+  w.set(p + "attention.head_count", Value::u32(s.n_head));
+  w.set(p + "attention.head_count_kv", Value::u32(s.n_head_kv));
+  w.set(p + "attention.key_length", Value::u32(hd));
+  w.set(p + "attention.value_length", Value::u32(hd));
+  w.set(p + "attention.layer_norm_rms_epsilon", Value::f32(static_cast<float>(s.rms_eps)));
+  w.set(p + "rope.freq_base", Value::f32(static_cast<float>(s.rope_theta)));
+  w.set(p + "block_size", Value::u32(s.block_size));
+  std::vector<Value> taps;
+  for (int64_t t : s.target_layers) taps.push_back(Value::i32(static_cast<int32_t>(t)));
+  w.set(p + "target_layers", Value::array(ValueType::I32, std::move(taps)));
+  if (s.dflash2) {
+    w.set(p + "conv_kernel_size", Value::u32(K));
+    w.set(p + "conv_group_size", Value::u32(s.conv_group));
+    w.set(p + "selector_rank", Value::u32(s.selector_rank));
+    w.set(p + "selector_top_k", Value::u32(s.selector_top_k));
+  }
+  if (s.sliding_window > 0) w.set(p + "attention.sliding_window", Value::u32(s.sliding_window));
+  w.set(p + "attention.causal", Value::boolean(s.causal));
+  w.set(p + "vocab_size", Value::u32(s.n_vocab));
+  w.set("tokenizer.ggml.mask_token_id", Value::u32(s.mask_token));
+
+  // ---- the tensor plan (SPEC 4.1 order)
+  std::vector<Plan> plan;
+  auto mat = [&](const std::string& name, int64_t in, int64_t out, GgmlType t, float extra = 1.0f) {
+    plan.push_back({name, t, {in, out}, Fill::kMatrix, extra / std::sqrt(static_cast<float>(in))});
+  };
+  auto norm = [&](const std::string& name, int64_t n) { plan.push_back({name, GgmlType::F32, {n}, Fill::kNorm, 0.1f}); };
+  mat("fc.weight", n_taps * E, E, s.matmul_type);
+  norm("enc.output_norm.weight", E);
+  norm("output_norm.weight", E);
+  if (s.dflash2) {
+    mat("selector_hidden.weight", E, s.selector_rank, s.matmul_type);
+    plan.push_back({"selector_predecessor.weight", s.codebook_type, {s.selector_rank, s.n_vocab}, Fill::kMatrix, 1.0f});
+    plan.push_back({"selector_successor.weight", s.codebook_type, {s.selector_rank, s.n_vocab}, Fill::kMatrix, 1.0f});
+  }
+  for (int64_t il = 0; il < s.n_layer; ++il) {
+    const std::string b = "blk." + std::to_string(il) + ".";
+    const bool heavy = std::find(s.heavy_layers.begin(), s.heavy_layers.end(), il) != s.heavy_layers.end();
+    const GgmlType vt = heavy ? s.heavy_type : s.matmul_type;
+    norm(b + "attn_norm.weight", E);
+    if (s.dflash2) {
+      plan.push_back({b + "attn_conv_base", GgmlType::F32, {E, K, 2}, Fill::kConvBase, 0.05f});
+      mat(b + "attn_conv_proj.weight", E, 2 * K * G, s.matmul_type, 0.05f);
+    }
+    mat(b + "attn_q.weight", E, s.n_head * hd, s.matmul_type);
+    mat(b + "attn_k.weight", E, s.n_head_kv * hd, s.matmul_type);
+    mat(b + "attn_v.weight", E, s.n_head_kv * hd, vt);
+    norm(b + "attn_q_norm.weight", hd);
+    norm(b + "attn_k_norm.weight", hd);
+    mat(b + "attn_output.weight", s.n_head * hd, E, s.matmul_type);
+    norm(b + "ffn_norm.weight", E);
+    if (s.dflash2) {
+      plan.push_back({b + "ffn_conv_base", GgmlType::F32, {E, K, 2}, Fill::kConvBase, 0.05f});
+      mat(b + "ffn_conv_proj.weight", E, 2 * K * G, s.matmul_type, 0.05f);
+    }
+    mat(b + "ffn_gate.weight", E, s.n_ff, s.matmul_type);
+    mat(b + "ffn_up.weight", E, s.n_ff, s.matmul_type);
+    mat(b + "ffn_down.weight", s.n_ff, E, vt);
+  }
+
+  // ---- data: rows generated in parallel, deterministically
+  uint64_t total = 0;
+  for (const Plan& t : plan) {
+    int64_t rows = 1;
+    for (size_t i = 1; i < t.ne.size(); ++i) rows *= t.ne[i];
+    total += row_bytes(t.type, t.ne[0]) * rows;
+  }
+  auto done = std::make_shared<std::atomic<uint64_t>>(0);
+  for (const Plan& t : plan) {
+    const uint64_t tseed = tensor_seed(t.name, s.seed);
+    const size_t rb = row_bytes(t.type, t.ne[0]);
+    const int64_t n = t.ne[0];
+    const int64_t K_taps = t.ne.size() > 1 ? t.ne[1] : 1;
+    w.add_tensor_rows(t.name, t.type, t.ne,
+                      [t, tseed, rb, n, K_taps, done, total, progress](int64_t row0, int64_t n_rows, uint8_t* dst) {
+                        const unsigned n_threads = static_cast<unsigned>(std::clamp<int64_t>(
+                            n_rows / 4, 1, std::min(16u, std::max(1u, std::thread::hardware_concurrency()))));
+                        auto work = [&](unsigned tid) {
+                          std::vector<float> row(n);
+                          for (int64_t r = row0 + tid; r < row0 + n_rows; r += n_threads) {
+                            for (int64_t i = 0; i < n; ++i) {
+                              const float z = synth_normal(tseed, static_cast<uint64_t>(r) * n + i);
+                              switch (t.fill) {
+                                case Fill::kMatrix: row[i] = t.scale * z; break;
+                                case Fill::kNorm: row[i] = 1.0f + t.scale * z; break;
+                                case Fill::kConvBase: row[i] = (r % K_taps == 0 ? 1.0f : 0.0f) + t.scale * z; break;
+                              }
+                            }
+                            quantize_row(t.type, row.data(), dst + (r - row0) * rb, n);
+                          }
+                        };
+                        std::vector<std::thread> pool;
+                        for (unsigned i = 1; i < n_threads; ++i) pool.emplace_back(work, i);
+                        work(0);
+                        for (auto& th : pool) th.join();
+                        const uint64_t d = done->fetch_add(rb * n_rows) + rb * n_rows;
+                        if (progress) progress(d, total);
+                      });
+  }
+  w.write(path);
+}
+
+}  // namespace dflash
