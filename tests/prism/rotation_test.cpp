@@ -113,7 +113,7 @@ TEST(PrismRotationMeta, RejectsBadMetadataNamingTheKey) {
   bad_signs[1500] = 0.5f;
   std::vector<Bad> cases = {
       {"prism.hadamard.version", [](gguf::Writer& w) { w.set("prism.hadamard.version", Value::u32(2)); }},
-      {"prism.hadamard.block_size", [](gguf::Writer& w) { w.set("prism.hadamard.block_size", Value::u32(512)); }},
+      {"prism.hadamard.block_size", [](gguf::Writer& w) { w.set("prism.hadamard.block_size", Value::u32(1000)); }},
       {"prism.hadamard.transform",
        [](gguf::Writer& w) { w.set("prism.hadamard.transform", Value::string("randomized-hadamard")); }},
       {"prism.hadamard.axis", [](gguf::Writer& w) { w.set("prism.hadamard.axis", Value::string("output")); }},
