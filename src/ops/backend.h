@@ -87,7 +87,7 @@ class Backend {
   // Bonsai files; prism.hadamard.block_size, a power of two dividing n).
   // Inverse, for an embedding row: y[r] = signs (.) H_blk(x[r]). signs may be null (all +1).
   // `perm` (may be null; forward only, an inverse with a perm is rejected): x is first gathered,
-  // x'[i] = x[perm[i]] (ssm_out's grouped V order, prism::ssm_out_permutation). n: a multiple of 1024.
+  // x'[i] = x[perm[i]] (ssm_out's grouped V order, prism::ssm_out_permutation). n: a multiple of block.
   // y may equal x.
   virtual void hadamard(const float* x, const float* signs, const int32_t* perm, float* y, int64_t rows, int64_t n,
                         int64_t block, bool inverse) = 0;

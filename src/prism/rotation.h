@@ -26,7 +26,7 @@ inline constexpr std::string_view kSignMode = "explicit";
 
 struct PrismRotation {
   int64_t version = 1;
-  int64_t block_size = 1024;
+  int64_t block_size = 1024;                  // Hadamard block (1024 in Bonsai files)
   std::vector<int64_t> sign_widths;           // e.g. [5120, 6144, 17408]
   std::vector<std::vector<float>> signs;      // signs[i]: sign_widths[i] values, each +1 or -1
   std::vector<std::string> weight_names;      // tensors stored as W . diag(s) . H (forward at run time)
@@ -35,7 +35,8 @@ struct PrismRotation {
 
   // Reads and validates the prism.hadamard.* keys. Returns nullopt when the file has no
   // prism.hadamard.version (a plain model). Throws dflash::Error naming the key on anything else
-  // unexpected. Required: version (1), block_size (1024), transform, axis, sign_mode (the values
+  // unexpected. Required: version (1), block_size (a power of two: 1024 in Bonsai files, smaller in
+  // tiny test models), transform, axis, sign_mode (the values
   // above), sign_widths (positive multiples of block_size, distinct), sign_values (sum of widths
   // values, each exactly +1 or -1, float or integer array), weight_names. Optional:
   // inverse_weight_names (default empty), gdn_v_grouped (default false).

@@ -277,6 +277,38 @@ TEST(CpuHadamard, MatchesExplicitMatrix) {
   EXPECT_THROW(be->hadamard(x.data(), nullptr, nullptr, y.data(), 1, 1000, 1024, false), Error);
 }
 
+// Blocks other than 1024 (tiny models' prism.hadamard.block_size): H_b[r][c] = (-1)^popcount(r&c)/sqrt(b).
+TEST(CpuHadamard, SmallerBlocksMatchTheirMatrix) {
+  std::mt19937 rng(8);
+  auto be = cpu();
+  for (int64_t block : {2, 16, 64, 256}) {
+    const int64_t rows = 2, n = 4 * block;
+    auto x = random_vec(rng, rows * n);
+    std::vector<float> s(n);
+    for (auto& v : s) v = (rng() & 1) ? 1.0f : -1.0f;
+    std::vector<float> y(x.size());
+    for (bool inverse : {false, true}) {
+      be->hadamard(x.data(), s.data(), nullptr, y.data(), rows, n, block, inverse);
+      std::vector<double> ref(x.size());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c0 = 0; c0 < n; c0 += block)
+          for (int64_t i = 0; i < block; ++i) {
+            double acc = 0;
+            for (int64_t j = 0; j < block; ++j) {
+              const double hij = (std::popcount(uint64_t(i & j)) % 2 ? -1.0 : 1.0) / std::sqrt(double(block));
+              const double xj = x[r * n + c0 + j];
+              acc += hij * (inverse ? xj : xj * s[c0 + j]);
+            }
+            ref[r * n + c0 + i] = inverse ? acc * s[c0 + i] : acc;
+          }
+      expect_close(y, ref, 2e-6, 1e-6, "hadamard block " + std::to_string(block));
+    }
+  }
+  std::vector<float> x(96), y(96);
+  EXPECT_THROW(be->hadamard(x.data(), nullptr, nullptr, y.data(), 1, 96, 48, false), Error);  // not a power of 2
+  EXPECT_THROW(be->hadamard(x.data(), nullptr, nullptr, y.data(), 1, 96, 64, false), Error);  // 96 % 64 != 0
+}
+
 TEST(CpuHadamard, IsAnInvolutionAndInverseUndoesForward) {
   std::mt19937 rng(6);
   auto be = cpu();
@@ -291,6 +323,47 @@ TEST(CpuHadamard, IsAnInvolutionAndInverseUndoesForward) {
   be->hadamard(x.data(), s.data(), nullptr, y.data(), 1, n, 1024, false);
   be->hadamard(y.data(), s.data(), nullptr, z.data(), 1, n, 1024, true);
   expect_close(z, x, 1e-6, 0, "inverse(forward(x))");
+}
+
+// ---- DFlash drafter conv ---------------------------------------------------------------------------
+
+TEST(CpuDflashConv, MatchesReferenceWithAndWithoutResidual) {
+  std::mt19937 rng(9);
+  auto be = cpu();
+  auto be1 = cpu(1);
+  for (auto [M, C, K, group] : {std::tuple{8, 64, 2, 16}, {5, 96, 3, 32}, {1, 8, 2, 8}}) {
+    SCOPED_TRACE(testing::Message() << "M " << M << " C " << C << " K " << K << " group " << group);
+    const int64_t G = C / group, d_stride = 2 * K * G + 3;  // wider rows than one stage needs
+    auto x = random_vec(rng, M * C), base = random_vec(rng, K * C), d = random_vec(rng, M * d_stride);
+    auto res = random_vec(rng, M * C);
+    for (bool with_res : {false, true}) {
+      std::vector<float> y(M * C);
+      be->dflash_conv(x.data(), base.data(), d.data(), d_stride, with_res ? res.data() : nullptr, y.data(), M, C, K,
+                      group);
+      std::vector<double> ref(M * C);
+      for (int64_t t = 0; t < M; ++t)
+        for (int64_t c = 0; c < C; ++c) {
+          double acc = 0;
+          for (int64_t o = 0; o < K && o <= t; ++o)
+            acc += (double(base[o * C + c]) + d[t * d_stride + o * G + c / group]) * x[(t - o) * C + c];
+          ref[t * C + c] = acc + (with_res ? res[t * C + c] : 0.0);
+        }
+      expect_close(y, ref, 1e-6, 1e-5, "dflash_conv");
+      std::vector<float> y1(M * C);
+      be1->dflash_conv(x.data(), base.data(), d.data(), d_stride, with_res ? res.data() : nullptr, y1.data(), M, C, K,
+                       group);
+      EXPECT_TRUE(same_bits(y1.data(), y.data(), y.size())) << "thread count changed bits";
+      // The residual may alias y.
+      if (with_res) {
+        std::vector<float> yr = res;
+        be->dflash_conv(x.data(), base.data(), d.data(), d_stride, yr.data(), yr.data(), M, C, K, group);
+        EXPECT_TRUE(same_bits(yr.data(), y.data(), y.size())) << "res aliasing y";
+      }
+    }
+  }
+  std::vector<float> x(16), y(16), base(32), d(16);
+  EXPECT_THROW(be->dflash_conv(x.data(), base.data(), d.data(), 4, nullptr, x.data(), 1, 16, 2, 4), Error);  // alias
+  EXPECT_THROW(be->dflash_conv(x.data(), base.data(), d.data(), 4, nullptr, y.data(), 1, 16, 2, 5), Error);  // group
 }
 
 // ---- argmax / top_k -------------------------------------------------------------------------------

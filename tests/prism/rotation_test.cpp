@@ -103,6 +103,17 @@ TEST(PrismRotationMeta, PlainFileHasNoRotationAndOptionalKeysDefault) {
   EXPECT_EQ(r->signs_for_width(1024)[0], -1.0f);
 }
 
+TEST(PrismRotationMeta, SmallerPowerOfTwoBlockForTinyModels) {
+  gguf::Writer w = good_writer();
+  w.set("prism.hadamard.block_size", Value::u32(256));
+  auto r = read(w);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->block_size, 256);
+  // Widths must be multiples of the block.
+  w.set("prism.hadamard.block_size", Value::u32(2048));
+  EXPECT_THROW(read(w), Error);
+}
+
 // Each broken variant must throw an Error whose message names the offending key.
 TEST(PrismRotationMeta, RejectsBadMetadataNamingTheKey) {
   struct Bad {
