@@ -16,6 +16,9 @@ namespace dflash::cli {
 void register_info(CLI::App& app);      // cmd_info.cpp: header, metadata, tensor table of a GGUF file
 void register_quantize(CLI::App& app);  // cmd_quantize.cpp: re-quantize the weights of a GGUF file
 void register_dump(CLI::App& app);      // cmd_dump.cpp: one tensor dequantized to f32
+void register_run(CLI::App& app);       // cmd_run.cpp: greedy generation, plain or speculative
+void register_synth(CLI::App& app);     // cmd_synth.cpp: random-weight target models
+void register_tokenize(CLI::App& app);  // cmd_tokenize.cpp: tokenize / detokenize with a model's tokenizer
 
 // Version string printed by `dflash --version`.
 constexpr const char* kVersion = "0.1.0";

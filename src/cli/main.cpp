@@ -16,6 +16,9 @@ int main(int argc, char** argv) {
   dflash::cli::register_info(app);
   dflash::cli::register_quantize(app);
   dflash::cli::register_dump(app);
+  dflash::cli::register_run(app);
+  dflash::cli::register_synth(app);
+  dflash::cli::register_tokenize(app);
 
   try {
     app.parse(argc, argv);

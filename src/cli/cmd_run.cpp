@@ -1,0 +1,180 @@
+// `dflash run`: greedy generation from a prompt, plain or speculative (when a drafter is given).
+//
+//   dflash run [-m TARGET] -p PROMPT [-n N] [--raw] [--system S] [--no-think] [--json]
+//   dflash run -m TARGET --tokens 1,2,3 [-n N] [--json]         (token ids in, ids out)
+//
+// With a tokenizer and a chat template in the model, -p is the user turn of a chat (like vLLM's
+// chat endpoint); --raw sends the prompt text as it is. Text streams to stdout as it is decoded.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/model_paths.h"
+#include "gguf/gguf.h"
+#include "models/target.h"
+#include "spec/engine.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
+#include "util/error.h"
+
+namespace dflash::cli {
+namespace {
+
+struct RunArgs {
+  std::string model;
+  std::string prompt;
+  std::string prompt_file;
+  std::string tokens;
+  std::string system;
+  int64_t max_tokens = 128;
+  int64_t n_ctx = 4096;
+  int threads = 0;
+  bool raw = false;
+  bool no_think = false;
+  bool json = false;
+};
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::string item;
+  std::stringstream ss(s);
+  while (std::getline(ss, item, ',')) {
+    const size_t b = item.find_first_not_of(" \t");
+    if (b == std::string::npos) continue;
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item.substr(b), &used);
+    } catch (const std::exception&) {
+      fail("--tokens: '{}' is not a token id", item);
+    }
+    DFLASH_CHECK(v >= 0 && v <= INT32_MAX, "--tokens: {} is not a valid token id", v);
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  DFLASH_CHECK(!ids.empty(), "--tokens: no token ids given");
+  return ids;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  DFLASH_CHECK(in.good(), "cannot open prompt file '{}'", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void run(const RunArgs& a) {
+  const std::string model_path = a.model.empty() ? default_target_path() : a.model;
+  gguf::File file = gguf::File::open(model_path);
+  auto backend = make_cpu_backend(a.threads);
+  TargetOptions topts;
+  topts.n_ctx = a.n_ctx;
+  auto model = TargetModel::load(file, *backend, topts);
+
+  std::optional<text::Tokenizer> tok;
+  if (file.has("tokenizer.ggml.tokens")) tok.emplace(text::Tokenizer::from_gguf(file));
+
+  // ---- the prompt
+  std::vector<int32_t> prompt;
+  const bool text_prompt = a.tokens.empty();
+  if (!text_prompt) {
+    prompt = parse_ids(a.tokens);
+  } else {
+    DFLASH_CHECK(tok.has_value(), "{}: the model has no tokenizer; give the prompt as --tokens ids", model_path);
+    std::string text = a.prompt_file.empty() ? a.prompt : read_text_file(a.prompt_file);
+    DFLASH_CHECK(!text.empty(), "no prompt: give -p TEXT, -f FILE or --tokens IDS");
+    if (!a.raw && file.has("tokenizer.chat_template")) {
+      const text::ChatTemplate tmpl = text::ChatTemplate::from_gguf(file, *tok);
+      std::vector<text::ChatMessage> msgs;
+      if (!a.system.empty()) msgs.push_back({"system", a.system, std::nullopt});
+      msgs.push_back({"user", text, std::nullopt});
+      text::ChatOptions co;
+      co.enable_thinking = !a.no_think;
+      text = tmpl.render(msgs, co);
+    }
+    prompt = tok->encode(text);
+  }
+
+  GenerateOptions go;
+  go.max_tokens = a.max_tokens;
+  if (tok) {
+    go.stop_tokens = tok->eog_ids();
+  } else if (file.has("tokenizer.ggml.eos_token_id")) {
+    go.stop_tokens = {static_cast<int32_t>(file.get_int("tokenizer.ggml.eos_token_id"))};
+  }
+
+  // ---- generate, streaming
+  Engine engine(*model);
+  std::vector<int32_t> out;
+  std::string text_out;
+  std::optional<text::StreamDecoder> dec;
+  if (tok && text_prompt) dec.emplace(*tok, /*special=*/false);
+  const GenerateStats st = engine.generate(prompt, go, [&](int32_t t) {
+    out.push_back(t);
+    if (dec) {
+      const std::string piece = dec->push(t);
+      text_out += piece;
+      if (!a.json) {
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      }
+    } else if (!a.json) {
+      fmt::print("{}{}", out.size() > 1 ? "," : "", t);
+      std::fflush(stdout);
+    }
+    return true;
+  });
+  if (dec) {
+    const std::string tail = dec->flush();
+    text_out += tail;
+    if (!a.json) std::fwrite(tail.data(), 1, tail.size(), stdout);
+  }
+
+  const double gen_tps = st.decode_seconds > 0 ? (st.generated - 1) / st.decode_seconds : 0;
+  const double pp_tps = st.prefill_seconds > 0 ? (st.prompt_tokens - st.reused_tokens) / st.prefill_seconds : 0;
+  if (a.json) {
+    nlohmann::json j;
+    j["model"] = model_path;
+    j["prompt_tokens"] = st.prompt_tokens;
+    j["prompt"] = prompt;
+    j["tokens"] = out;
+    if (dec) j["text"] = text_out;
+    j["finish_reason"] = st.stopped_by_token ? "stop" : "length";
+    j["timings"] = {{"prefill_seconds", st.prefill_seconds},   {"decode_seconds", st.decode_seconds},
+                    {"prefill_tokens_per_second", pp_tps}, {"decode_tokens_per_second", gen_tps}};
+    fmt::print("{}\n", j.dump(2));
+  } else {
+    fmt::print("\n");
+    fmt::print(stderr, "\n[{} prompt tokens, {:.1f} tok/s prefill; {} generated, {:.1f} tok/s decode; {}]\n",
+               st.prompt_tokens, pp_tps, st.generated, gen_tps,
+               st.stopped_by_token ? "stopped at end of turn" : st.context_full ? "context full" : "max tokens");
+  }
+}
+
+}  // namespace
+
+void register_run(CLI::App& app) {
+  auto a = std::make_shared<RunArgs>();
+  CLI::App* cmd = app.add_subcommand("run", "Generate text greedily from a prompt");
+  cmd->add_option("-m,--model", a->model, "target model GGUF (default: the bundled model)");
+  cmd->add_option("-p,--prompt", a->prompt, "prompt text (a user message when the model has a chat template)");
+  cmd->add_option("-f,--file", a->prompt_file, "read the prompt text from a file");
+  cmd->add_option("--tokens", a->tokens, "prompt as comma-separated token ids (output as ids)");
+  cmd->add_option("-n,--max-tokens", a->max_tokens, "tokens to generate at most")->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("-c,--ctx", a->n_ctx, "context length in tokens (prompt + generated)")->check(CLI::Range(16, 1 << 22));
+  cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 1024));
+  cmd->add_option("--system", a->system, "system message for the chat template");
+  cmd->add_flag("--raw", a->raw, "send the prompt text as is, without the chat template");
+  cmd->add_flag("--no-think", a->no_think, "chat template with thinking switched off");
+  cmd->add_flag("--json", a->json, "print token ids, text and timings as JSON");
+  cmd->callback([a] { run(*a); });
+}
+
+}  // namespace dflash::cli
