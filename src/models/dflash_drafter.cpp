@@ -249,7 +249,7 @@ void DFlashDrafter::allocate() {
     cap_ = keep_ + chunk;
   } else if (cfg_.sliding_window > 0) {
     keep_ = cfg_.sliding_window - 1;  // a block at P (row 0) sees positions P-window+1 .. P-1
-    cap_ = keep_ + std::max<int64_t>(chunk, 256);  // slack: evict (move rows) once per ~256 appended rows
+    cap_ = keep_ + std::max(chunk, opts_.context_slack);  // evict (move rows) once per ~slack appended rows
   } else {
     keep_ = target_.n_ctx();  // every committed position stays visible
     cap_ = target_.n_ctx();

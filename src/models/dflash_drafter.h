@@ -81,7 +81,8 @@ struct DrafterOptions {
   DrafterContextMode context = DrafterContextMode::kReference;
   int64_t sink = 64;       // kSinkWindow only
   int64_t window = 1024;   // kSinkWindow only
-  int64_t append_chunk = 64;  // context rows projected per batch (scratch size)
+  int64_t append_chunk = 64;   // context rows projected per batch (scratch size)
+  int64_t context_slack = 256; // kReference: rows stored beyond window-1 before old rows are dropped
 };
 
 // The abstract drafter the engine drives (tests plug in scripted drafters).

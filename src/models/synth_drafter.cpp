@@ -98,10 +98,9 @@ SynthDrafterSpec SynthDrafterSpec::qwen38_27b() {
   return s;
 }
 
-void synth_drafter(const SynthDrafterSpec& s, const std::string& path,
-                   const std::function<void(uint64_t, uint64_t)>& progress) {
-  using gguf::Value;
-  using gguf::ValueType;
+namespace {
+
+std::vector<Plan> make_plan(const SynthDrafterSpec& s) {
   DFLASH_CHECK(s.n_layer > 0 && s.n_embd > 0 && s.n_ff > 0 && s.n_head > 0 && s.n_head_kv > 0 && s.head_dim > 0,
                "synth-drafter: sizes must be positive");
   DFLASH_CHECK(s.n_head % s.n_head_kv == 0, "synth-drafter: head_count {} not a multiple of head_count_kv {}",
@@ -117,36 +116,6 @@ void synth_drafter(const SynthDrafterSpec& s, const std::string& path,
                  s.conv_kernel, s.conv_group, s.selector_rank, s.selector_top_k, s.n_embd);
   const int64_t E = s.n_embd, hd = s.head_dim, n_taps = static_cast<int64_t>(s.target_layers.size());
   const int64_t K = s.conv_kernel, G = s.dflash2 ? E / s.conv_group : 0;
-
-  gguf::Writer w;
-  const std::string p = "dflash.";
-  w.set("general.architecture", Value::string("dflash"));
-  w.set("general.name", Value::string(s.dflash2 ? "dflash synthetic DFlash 2 drafter" : "dflash synthetic DFlash drafter"));
-  w.set("general.type", Value::string("model"));
-  w.set(p + "block_count", Value::u32(s.n_layer));
-  w.set(p + "context_length", Value::u32(s.n_ctx_train));
-  w.set(p + "embedding_length", Value::u32(E));
-  w.set(p + "feed_forward_length", Value::u32(s.n_ff));
-  w.set(p + "attention.head_count", Value::u32(s.n_head));
-  w.set(p + "attention.head_count_kv", Value::u32(s.n_head_kv));
-  w.set(p + "attention.key_length", Value::u32(hd));
-  w.set(p + "attention.value_length", Value::u32(hd));
-  w.set(p + "attention.layer_norm_rms_epsilon", Value::f32(static_cast<float>(s.rms_eps)));
-  w.set(p + "rope.freq_base", Value::f32(static_cast<float>(s.rope_theta)));
-  w.set(p + "block_size", Value::u32(s.block_size));
-  std::vector<Value> taps;
-  for (int64_t t : s.target_layers) taps.push_back(Value::i32(static_cast<int32_t>(t)));
-  w.set(p + "target_layers", Value::array(ValueType::I32, std::move(taps)));
-  if (s.dflash2) {
-    w.set(p + "conv_kernel_size", Value::u32(K));
-    w.set(p + "conv_group_size", Value::u32(s.conv_group));
-    w.set(p + "selector_rank", Value::u32(s.selector_rank));
-    w.set(p + "selector_top_k", Value::u32(s.selector_top_k));
-  }
-  if (s.sliding_window > 0) w.set(p + "attention.sliding_window", Value::u32(s.sliding_window));
-  w.set(p + "attention.causal", Value::boolean(s.causal));
-  w.set(p + "vocab_size", Value::u32(s.n_vocab));
-  w.set("tokenizer.ggml.mask_token_id", Value::u32(s.mask_token));
 
   // ---- the tensor plan (SPEC 4.1 order)
   std::vector<Plan> plan;
@@ -186,6 +155,59 @@ void synth_drafter(const SynthDrafterSpec& s, const std::string& path,
     mat(b + "ffn_up.weight", E, s.n_ff, s.matmul_type);
     mat(b + "ffn_down.weight", s.n_ff, E, vt);
   }
+
+  for (const Plan& t : plan) {
+    const int64_t be = type_traits(t.type).block_elems;
+    DFLASH_CHECK(t.ne[0] % be == 0, "synth-drafter: tensor '{}' has rows of {} elements, not a multiple of {}'s block "
+                 "of {} (pick another type)", t.name, t.ne[0], type_name(t.type), be);
+  }
+  return plan;
+}
+
+}  // namespace
+
+std::vector<SynthTensor> synth_drafter_tensors(const SynthDrafterSpec& spec) {
+  std::vector<SynthTensor> out;
+  for (const Plan& p : make_plan(spec)) out.push_back({p.name, p.type, p.ne});
+  return out;
+}
+
+void synth_drafter(const SynthDrafterSpec& s, const std::string& path,
+                   const std::function<void(uint64_t, uint64_t)>& progress) {
+  using gguf::Value;
+  using gguf::ValueType;
+  const std::vector<Plan> plan = make_plan(s);
+  const int64_t E = s.n_embd, hd = s.head_dim;
+  const int64_t K = s.conv_kernel;
+  gguf::Writer w;
+  const std::string p = "dflash.";
+  w.set("general.architecture", Value::string("dflash"));
+  w.set("general.name", Value::string(s.dflash2 ? "dflash synthetic DFlash 2 drafter" : "dflash synthetic DFlash drafter"));
+  w.set("general.type", Value::string("model"));
+  w.set(p + "block_count", Value::u32(s.n_layer));
+  w.set(p + "context_length", Value::u32(s.n_ctx_train));
+  w.set(p + "embedding_length", Value::u32(E));
+  w.set(p + "feed_forward_length", Value::u32(s.n_ff));
+  w.set(p + "attention.head_count", Value::u32(s.n_head));
+  w.set(p + "attention.head_count_kv", Value::u32(s.n_head_kv));
+  w.set(p + "attention.key_length", Value::u32(hd));
+  w.set(p + "attention.value_length", Value::u32(hd));
+  w.set(p + "attention.layer_norm_rms_epsilon", Value::f32(static_cast<float>(s.rms_eps)));
+  w.set(p + "rope.freq_base", Value::f32(static_cast<float>(s.rope_theta)));
+  w.set(p + "block_size", Value::u32(s.block_size));
+  std::vector<Value> taps;
+  for (int64_t t : s.target_layers) taps.push_back(Value::i32(static_cast<int32_t>(t)));
+  w.set(p + "target_layers", Value::array(ValueType::I32, std::move(taps)));
+  if (s.dflash2) {
+    w.set(p + "conv_kernel_size", Value::u32(K));
+    w.set(p + "conv_group_size", Value::u32(s.conv_group));
+    w.set(p + "selector_rank", Value::u32(s.selector_rank));
+    w.set(p + "selector_top_k", Value::u32(s.selector_top_k));
+  }
+  if (s.sliding_window > 0) w.set(p + "attention.sliding_window", Value::u32(s.sliding_window));
+  w.set(p + "attention.causal", Value::boolean(s.causal));
+  w.set(p + "vocab_size", Value::u32(s.n_vocab));
+  w.set("tokenizer.ggml.mask_token_id", Value::u32(s.mask_token));
 
   // ---- data: rows generated in parallel, deterministically
   uint64_t total = 0;

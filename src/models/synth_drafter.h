@@ -50,6 +50,14 @@ struct SynthDrafterSpec {
   static SynthDrafterSpec qwen38_27b();
 };
 
+// The tensors synth_drafter writes, in file order (name, type, ggml shape), without any data.
+struct SynthTensor {
+  std::string name;
+  GgmlType type;
+  std::vector<int64_t> ne;
+};
+std::vector<SynthTensor> synth_drafter_tensors(const SynthDrafterSpec& spec);
+
 // Writes the drafter to `path`; progress(done_bytes, total_bytes) as tensors are written.
 void synth_drafter(const SynthDrafterSpec& spec, const std::string& path,
                    const std::function<void(uint64_t, uint64_t)>& progress = {});
