@@ -1,14 +1,17 @@
 // A small persistent thread pool for the CPU kernels (matmul_rows and friends).
 //
 // parallel_for splits [0, n) into disjoint ranges handed out dynamically; the caller's thread takes
-// part. Work items must not depend on which thread runs them (they never do in dflash: each output row
+// part. Idle workers spin for ~100 us (DFLASH_SPIN_US) before sleeping, so back-to-back calls (decode)
+// skip the wake-up. Work items must not depend on which thread runs them (they never do in dflash: each output row
 // is computed whole by one thread), so results are independent of the thread count.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -36,15 +39,14 @@ class ThreadPool {
  private:
   struct Job;
   void worker_loop();
-  static void run_ranges(Job& job);
+  static bool run_ranges(Job& job);
 
   std::vector<std::thread> workers_;
-  std::mutex mutex_;
+  std::mutex mutex_;  // guards sleeping on the condition variables
   std::condition_variable work_cv_, done_cv_;
-  uint64_t generation_ = 0;
-  int active_ = 0;
-  bool stop_ = false;
-  Job* job_ = nullptr;
+  std::atomic<uint64_t> generation_{0};  // bumped once per job
+  std::atomic<bool> stop_{false};
+  std::shared_ptr<Job> job_;  // the current job (guarded by mutex_)
   std::mutex run_mutex_;  // one parallel_for at a time
 };
 
