@@ -60,7 +60,10 @@ size_t row_bytes(GgmlType type, int64_t n);
 // n must be a multiple of the type's block size (throws dflash::Error otherwise).
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
 void quantize_row(GgmlType type, const float* src, void* dst, int64_t n);
-// sum_i dequant(w)[i] * x[i], accumulated in a fixed order (per block, then across blocks).
+// sum_i dequant(w)[i] * x[i] in a fixed order that depends on n only: element i is fma'd into lane
+// i % 32 (lanes take their elements in increasing i), then the 32 lanes are summed by one fixed tree
+// (quant/kernels.h). dequant(w) has exactly dequantize_row's bits, so dot_row(T, w, x, n) ==
+// dot_row(F32, dequantize_row(T, w), x, n) bit for bit, on every ISA (AVX2 and the portable path).
 float dot_row(GgmlType type, const void* w, const float* x, int64_t n);
 
 // y[m * n_out + o] = dot_row(type, row o of W, row m of x, n_in) for m < M, o < n_out.
