@@ -205,6 +205,9 @@ def tricky_docs(rng, n):
     """Small documents aimed at the pre-tokenizer's corners."""
     docs = [
         "I'm can't WE'LL they're I'D you've it's 'sup ''s 'x 'ſt 'S 'Ll O'Neil rock'n'roll",
+        # Contractions right after a letter (a space before the apostrophe would join the punctuation
+        # run instead): case-insensitive matching, and U+017F (long s) which folds to 's'.
+        "'ſt", "a'ſt", "It'ſ", "don'T", "x'LL y'Re z'VE w'M v'D", "Kelvin'K", "'s", "'S'", "ſ'ſ'ſ",
         "12345 3.14159 1,000,000 0x1F 1e-9 ½ Ⅻ ٣٤ ௰ 𝟙𝟚𝟛 x² ₃",
         "a  b   c    d\n\n\ne \r\n\r\n f\r\rg\n \n \n h\t\t\ti   \n",
         "    def f(x):\n        return x  # comment\n\n\n\tint main() {\r\n\treturn 0;\r\n}\r\n",
