@@ -307,9 +307,7 @@ void make_row(const hf::Checkpoint& ck, const Plan& p, int64_t r, std::vector<fl
     for (float& v : row) v = -std::exp(v);
   if (p.signs) {
     // w_stored = H_blk(s (.) w) (prism/hadamard.h): the runtime's y = W_stored . H_blk(s (.) x) = W x.
-    const float* s = p.signs->data();
-    for (int64_t i = 0; i < n; ++i) row[i] *= s[i];
-    for (int64_t c = 0; c < n; c += p.block) prism::fwht(row.data() + c, p.block);
+    prism::rotate_weight_row(row.data(), p.signs->data(), row.data(), n, p.block);
   }
 }
 
@@ -522,6 +520,7 @@ ConvertReport convert_hf_to_gguf(const std::string& dir, const std::string& out_
   auto log = [&](const std::string& s) {
     if (opts.log) opts.log(s);
   };
+  DFLASH_CHECK(fs::is_directory(dir), "{}: not a directory (expected a Hugging Face model folder)", dir);
   const HfConfig c = read_config(dir);
   const hf::Checkpoint ck = hf::Checkpoint::open(dir);
   const TypeTraits& tt = type_traits(opts.type);
@@ -631,9 +630,14 @@ ConvertReport convert_hf_to_gguf(const std::string& dir, const std::string& out_
     plans.push_back(std::move(p));
   }
   add_vector("output_norm.weight", pre + "norm.weight", c.n_embd, norm_op);
-  const bool write_output = !c.tied;
-  if (write_output) add_matrix("output.weight", "lm_head.weight", c.n_embd, n_vocab, true);
-  else if (opts.prism) rotated.push_back("token_embd.weight");  // tied lm_head reads the rotated embedding
+  if (!c.tied) {
+    add_matrix("output.weight", "lm_head.weight", c.n_embd, n_vocab, true);
+  } else if (opts.prism) {
+    // A tied lm_head would read token_embd, which prism lists as an inverse (embedding) tensor; a
+    // tensor cannot be in both lists, so the rotated lm_head gets its own copy (as in Bonsai files).
+    add_matrix("output.weight", pre + "embed_tokens.weight", c.n_embd, n_vocab, true);
+    log("note: tied embeddings with --prism: output.weight is written as a rotated copy of the embedding");
+  }
 
   // V-head tiling (SPEC 2.4): index maps over heads, channels and rows.
   std::vector<int32_t> v_rows_inner, v_heads_map, conv_rows;
