@@ -2,12 +2,15 @@
 //
 //   dflash run [-m TARGET] -p PROMPT [-n N] [--raw] [--system S] [--no-think] [--json]
 //   dflash run -m TARGET --tokens 1,2,3 [-n N] [--json]         (token ids in, ids out)
+//   dflash run -m TARGET -d DRAFTER [--block B] [--no-spec] ...   (DFlash speculative decoding; the
+//                                                                 bundled pair uses its drafter by default)
 //
 // With a tokenizer and a chat template in the model, -p is the user turn of a chat (like vLLM's
 // chat endpoint); --raw sends the prompt text as it is. Text streams to stdout as it is decoded.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -18,6 +21,7 @@
 #include "cli/commands.h"
 #include "cli/model_paths.h"
 #include "gguf/gguf.h"
+#include "models/dflash_drafter.h"
 #include "models/target.h"
 #include "spec/engine.h"
 #include "text/chat.h"
@@ -39,6 +43,11 @@ struct RunArgs {
   bool raw = false;
   bool no_think = false;
   bool json = false;
+  // speculative decoding
+  std::string drafter;
+  bool no_spec = false;
+  int64_t block = 8;
+  std::string draft_context = "reference";
 };
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -76,7 +85,26 @@ void run(const RunArgs& a) {
   auto backend = make_cpu_backend(a.threads);
   TargetOptions topts;
   topts.n_ctx = a.n_ctx;
+  // The drafter: -d, else the bundled one when the bundled target runs; --no-spec: plain decoding.
+  std::string drafter_path = a.drafter;
+  if (drafter_path.empty() && a.model.empty()) drafter_path = default_drafter_path().value_or("");
+  std::optional<gguf::File> drafter_file;
+  if (!drafter_path.empty() && !a.no_spec) {
+    drafter_file.emplace(gguf::File::open(drafter_path));
+    const DrafterConfig dc = read_drafter_config(*drafter_file);
+    check_drafter_fits_target(dc, drafter_path, read_target_config(file), model_path);
+    topts.tap_layers = dc.target_layers;
+    topts.max_rows = std::max(topts.max_rows, dc.block_size);
+  }
   auto model = TargetModel::load(file, *backend, topts);
+  std::unique_ptr<DFlashDrafter> drafter;
+  if (drafter_file) {
+    DrafterOptions dopts;
+    DFLASH_CHECK(a.draft_context == "reference" || a.draft_context == "sink-window",
+                 "--draft-context is '{}'; use reference or sink-window", a.draft_context);
+    if (a.draft_context == "sink-window") dopts.context = DrafterContextMode::kSinkWindow;
+    drafter = DFlashDrafter::load(*drafter_file, *model, dopts);
+  }
 
   std::optional<text::Tokenizer> tok;
   if (file.has("tokenizer.ggml.tokens")) tok.emplace(text::Tokenizer::from_gguf(file));
@@ -104,6 +132,8 @@ void run(const RunArgs& a) {
 
   GenerateOptions go;
   go.max_tokens = a.max_tokens;
+  go.speculative = drafter != nullptr;
+  go.block = a.block;
   if (tok) {
     go.stop_tokens = tok->eog_ids();
   } else if (file.has("tokenizer.ggml.eos_token_id")) {
@@ -111,7 +141,7 @@ void run(const RunArgs& a) {
   }
 
   // ---- generate, streaming
-  Engine engine(*model);
+  Engine engine(*model, drafter.get());
   std::vector<int32_t> out;
   std::string text_out;
   std::optional<text::StreamDecoder> dec;
@@ -149,12 +179,32 @@ void run(const RunArgs& a) {
     j["finish_reason"] = st.stopped_by_token ? "stop" : "length";
     j["timings"] = {{"prefill_seconds", st.prefill_seconds},   {"decode_seconds", st.decode_seconds},
                     {"prefill_tokens_per_second", pp_tps}, {"decode_tokens_per_second", gen_tps}};
+    if (drafter) {
+      std::vector<double> rate;
+      for (size_t i = 0; i < st.drafted_at.size(); ++i) rate.push_back(st.acceptance_rate_at(i));
+      j["speculative"] = {{"drafter", drafter_path},
+                          {"block", a.block},
+                          {"cycles", st.cycles},
+                          {"drafted", st.drafted},
+                          {"accepted", st.accepted},
+                          {"acceptance_length", st.acceptance_length()},
+                          {"acceptance_rate_per_position", rate},
+                          {"accepted_per_cycle", st.accepted_per_cycle},
+                          {"draft_seconds", st.draft_seconds},
+                          {"verify_seconds", st.verify_seconds},
+                          {"other_seconds", st.other_seconds}};
+    }
     fmt::print("{}\n", j.dump(2));
   } else {
     fmt::print("\n");
     fmt::print(stderr, "\n[{} prompt tokens, {:.1f} tok/s prefill; {} generated, {:.1f} tok/s decode; {}]\n",
                st.prompt_tokens, pp_tps, st.generated, gen_tps,
                st.stopped_by_token ? "stopped at end of turn" : st.context_full ? "context full" : "max tokens");
+    if (drafter)
+      fmt::print(stderr, "[speculative, block {}: {} cycles, {:.2f} tokens per cycle, {}/{} drafts accepted; "
+                 "draft {:.3f} s, verify {:.3f} s, other {:.3f} s]\n",
+                 a.block, st.cycles, st.acceptance_length(), st.accepted, st.drafted, st.draft_seconds,
+                 st.verify_seconds, st.other_seconds);
   }
 }
 
@@ -174,6 +224,12 @@ void register_run(CLI::App& app) {
   cmd->add_flag("--raw", a->raw, "send the prompt text as is, without the chat template");
   cmd->add_flag("--no-think", a->no_think, "chat template with thinking switched off");
   cmd->add_flag("--json", a->json, "print token ids, text and timings as JSON");
+  cmd->add_option("-d,--drafter", a->drafter, "DFlash drafter GGUF: speculative decoding (same output, faster)");
+  cmd->add_flag("--no-spec", a->no_spec, "plain decoding even with a drafter");
+  cmd->add_option("--block", a->block, "verify block width B (2..8): B-1 drafted tokens per cycle")
+      ->check(CLI::Range(2, 64));
+  cmd->add_option("--draft-context", a->draft_context,
+                  "drafter context: reference (trained 2048 window, default) or sink-window (the seed's 64 + 1024)");
   cmd->callback([a] { run(*a); });
 }
 

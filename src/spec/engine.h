@@ -35,11 +35,17 @@ struct GenerateStats {
   int64_t drafted = 0;                 // draft tokens proposed
   int64_t accepted = 0;                // draft tokens accepted
   std::vector<int64_t> accepted_at;    // [B-1]: cycles whose draft position i was accepted
+  std::vector<int64_t> drafted_at;     // [B-1]: cycles that proposed a token at position i (narrower
+                                       // near max_tokens or a full context)
   std::vector<int32_t> accepted_per_cycle;  // accepted drafts of each cycle
   double draft_seconds = 0, verify_seconds = 0, other_seconds = 0;
   bool stopped_by_token = false;       // a stop token ended the generation
   bool context_full = false;           // the context filled up before max_tokens
   double acceptance_length() const { return cycles ? static_cast<double>(generated - 1) / cycles : 0.0; }
+  // Accepted / proposed at draft position i (SPEC 5.4), 0 when the position was never drafted.
+  double acceptance_rate_at(size_t i) const {
+    return i < drafted_at.size() && drafted_at[i] ? static_cast<double>(accepted_at[i]) / drafted_at[i] : 0.0;
+  }
 };
 
 // Return false to stop early.

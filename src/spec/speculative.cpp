@@ -39,6 +39,7 @@ void Engine::generate_speculative(int32_t anchor, const GenerateOptions& opts, c
                "the verify block width is {}; it must be 2..{} (the drafter's trained block size)", B,
                dr.block_size());
   st.accepted_at.assign(static_cast<size_t>(B - 1), 0);
+  st.drafted_at.assign(static_cast<size_t>(B - 1), 0);
   const auto t_begin = Clock::now();
 
   // Yields t with plain decoding's rules; false when generation ends here.
@@ -88,6 +89,7 @@ void Engine::generate_speculative(int32_t anchor, const GenerateOptions& opts, c
       st.accepted += k;
       st.accepted_per_cycle.push_back(static_cast<int32_t>(k));
       for (int64_t i = 0; i < k; ++i) ++st.accepted_at[i];
+      for (int64_t i = 0; i < w - 1; ++i) ++st.drafted_at[i];
 
       // Yield d_1..d_k, bonus. Before token j is yielded, row j-1's token enters the cache.
       int64_t n = 0;
