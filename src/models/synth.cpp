@@ -75,6 +75,17 @@ void add_byte_tokenizer(gguf::Writer& w, int64_t n_vocab) {
     tokens.push_back(Value::string(s));
     types.push_back(Value::i32(std::string(s)[0] == '<' && std::string(s)[1] == '|' ? 3 : 4));
   }
+  // The rest: two-symbol merges of letters and the space symbol (U+0120), most common first, so
+  // that BPE has real merges to apply and random models print word-like text.
+  const std::string letters = " etaoinshrdlucmfwypvbgkjqxz";
+  auto sym = [&](char c) { return utf8(byte_cp[static_cast<unsigned char>(c)]); };
+  std::vector<Value> merges;
+  for (size_t a = 0; a < letters.size() && static_cast<int64_t>(tokens.size()) < n_vocab; ++a)
+    for (size_t b = 1; b < letters.size() && static_cast<int64_t>(tokens.size()) < n_vocab; ++b) {
+      tokens.push_back(Value::string(sym(letters[a]) + sym(letters[b])));
+      types.push_back(Value::i32(1));
+      merges.push_back(Value::string(sym(letters[a]) + " " + sym(letters[b])));
+    }
   for (int64_t i = static_cast<int64_t>(tokens.size()); i < n_vocab; ++i) {
     tokens.push_back(Value::string("<|unused_" + std::to_string(i) + "|>"));
     types.push_back(Value::i32(5));
@@ -83,7 +94,7 @@ void add_byte_tokenizer(gguf::Writer& w, int64_t n_vocab) {
   w.set("tokenizer.ggml.pre", Value::string("qwen2"));
   w.set("tokenizer.ggml.tokens", Value::array(ValueType::STRING, std::move(tokens)));
   w.set("tokenizer.ggml.token_type", Value::array(ValueType::I32, std::move(types)));
-  w.set("tokenizer.ggml.merges", Value::array(ValueType::STRING, {}));
+  w.set("tokenizer.ggml.merges", Value::array(ValueType::STRING, std::move(merges)));
   w.set("tokenizer.ggml.bos_token_id", Value::u32(256));
   w.set("tokenizer.ggml.eos_token_id", Value::u32(258));
   w.set("tokenizer.ggml.padding_token_id", Value::u32(256));
