@@ -16,6 +16,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -48,6 +49,7 @@ struct RunArgs {
   bool no_spec = false;
   int64_t block = 8;
   std::string draft_context = "reference";
+  std::string dump_logits;  // --dump-logits PATH (the HF oracle, tools/oracle_transformers.py)
 };
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -77,6 +79,24 @@ std::string read_text_file(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// --dump-logits: one teacher-forced pass over the prompt; row i holds the logits after prompt[0..i]
+// (raw little-endian f32, [n_prompt, n_vocab]). The sequence state is reset afterwards.
+void dump_prompt_logits(TargetModel& model, const std::vector<int32_t>& prompt, const std::string& path) {
+  std::ofstream out(path, std::ios::binary);
+  DFLASH_CHECK(out.good(), "--dump-logits: cannot create '{}'", path);
+  model.reset();
+  for (size_t i = 0; i < prompt.size(); i += static_cast<size_t>(model.max_rows())) {
+    const size_t m = std::min<size_t>(static_cast<size_t>(model.max_rows()), prompt.size() - i);
+    ForwardOptions fo;
+    fo.logits = LogitRows::kAll;
+    fo.want_logits = true;
+    const ForwardResult r = model.forward(std::span<const int32_t>(prompt).subspan(i, m), fo);
+    out.write(reinterpret_cast<const char*>(r.logits.data()), static_cast<std::streamsize>(r.logits.size() * 4));
+  }
+  DFLASH_CHECK(out.good(), "--dump-logits: writing '{}' failed", path);
+  model.reset();
 }
 
 void run(const RunArgs& a) {
@@ -129,6 +149,8 @@ void run(const RunArgs& a) {
     }
     prompt = tok->encode(text);
   }
+
+  if (!a.dump_logits.empty()) dump_prompt_logits(*model, prompt, a.dump_logits);
 
   GenerateOptions go;
   go.max_tokens = a.max_tokens;
@@ -230,6 +252,8 @@ void register_run(CLI::App& app) {
       ->check(CLI::Range(2, 64));
   cmd->add_option("--draft-context", a->draft_context,
                   "drafter context: reference (trained 2048 window, default) or sink-window (the seed's 64 + 1024)");
+  cmd->add_option("--dump-logits", a->dump_logits,
+                  "write the prompt's teacher-forced logits to PATH (raw f32, [prompt tokens, n_vocab])");
   cmd->callback([a] { run(*a); });
 }
 
