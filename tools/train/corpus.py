@@ -136,6 +136,10 @@ def main():
     ap.add_argument("--vocab", type=int, default=12288)
     ap.add_argument("--byte-tokenizer", action="store_true", help="no `tokenizers`: bytes only (smoke tests)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--drafter-prompts", type=int, default=20000)
+    ap.add_argument("--drafter-eval-prompts", type=int, default=512)
+    ap.add_argument("--heldout-eval-tokens", type=int, default=400_000)
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -145,7 +149,8 @@ def main():
     files = list_files()
     files.sort()
     log(f"{len(files)} candidate files in {len(set(f[0] for f in files))} packages")
-    held = [f for f in files if is_heldout_path(f[0], f[1])]
+    # held-out: the packages themselves; vendored copies elsewhere are dropped from both parts
+    held = [f for f in files if f[0] in HELDOUT]
     train = [f for f in files if not is_heldout_path(f[0], f[1])]
     rng.shuffle(held)
     rng.shuffle(train)
@@ -241,6 +246,20 @@ def main():
     ho.tofile(os.path.join(a.out, "heldout.bin"))
     log(f"encoded: train {tr.size} tokens ({s1:.1f} s, {sum(map(len, train_texts)) / max(tr.size, 1):.2f} B/token), "
         f"held-out {ho.size} tokens ({s2:.1f} s)")
+
+    # drafter prompts: windows of train.bin (half at a document start) and of heldout.bin (evaluation)
+    def windows(arr, n, P, seed):
+        g = np.random.default_rng(seed)
+        starts = np.flatnonzero(arr[:len(arr) - P - 1] == eot)
+        k = n // 2
+        s1 = g.choice(starts, k) if len(starts) else g.integers(0, len(arr) - P - 1, k)
+        s2 = g.integers(0, len(arr) - P - 1, n - k)
+        st = np.concatenate([s1, s2])
+        return np.stack([arr[i:i + P] for i in st]).astype(np.uint16)
+
+    windows(tr, a.drafter_prompts, a.prompt_len, 11).tofile(os.path.join(a.out, "drafter_prompts.bin"))
+    windows(ho, a.drafter_eval_prompts, a.prompt_len, 12).tofile(os.path.join(a.out, "drafter_eval_prompts.bin"))
+    ho[:a.heldout_eval_tokens].tofile(os.path.join(a.out, "heldout_eval.bin"))
 
     # held-out prompts for the acceptance benchmark: the first lines of held-out Python files
     prng = random.Random(a.seed + 1)

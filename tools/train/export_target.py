@@ -157,3 +157,72 @@ if __name__ == "__main__":
     m, _ = load_checkpoint(a.checkpoint)
     tok = json.load(open(a.tokenizer_json))
     export(m, tok, a.out, G.TYPE_NAMES[a.type])
+
+
+def load_target_gguf(path, device="cpu"):
+    """The inverse of export(): a Target computing exactly what the GGUF file computes (weights are the
+    dequantized ternary values; re-ternarizing them is the identity, so cfg.ternary is switched off)."""
+    r = G.GGUFReader(path)
+    kv = r.kv
+    p = "qwen35."
+    te = r.tensors["token_embd.weight"]
+    cfg = TargetConfig(n_vocab=te[1][1], n_embd=kv[p + "embedding_length"], n_layer=kv[p + "block_count"],
+                       n_ff=kv[p + "feed_forward_length"], n_head=kv[p + "attention.head_count"],
+                       n_head_kv=kv[p + "attention.head_count_kv"], head_dim=kv[p + "attention.key_length"],
+                       n_rot=kv[p + "rope.dimension_count"], rope_theta=kv[p + "rope.freq_base"],
+                       full_attn_interval=kv[p + "full_attention_interval"], conv_kernel=kv[p + "ssm.conv_kernel"],
+                       ssm_k_heads=kv[p + "ssm.group_count"], ssm_v_heads=kv[p + "ssm.time_step_rank"],
+                       ssm_head_k=kv[p + "ssm.state_size"],
+                       ssm_head_v=kv[p + "ssm.inner_size"] // kv[p + "ssm.time_step_rank"],
+                       rms_eps=kv[p + "attention.layer_norm_rms_epsilon"],
+                       prism_block=kv["prism.hadamard.block_size"], ternary=False,
+                       n_ctx_train=kv[p + "context_length"])
+    m = Target(cfg)
+    c = cfg
+    off = 0
+    widths = [int(x) for x in kv["prism.hadamard.sign_widths"]]
+    signs = np.asarray(kv["prism.hadamard.sign_values"], np.float32)
+    assert widths == c.widths(), f"sign widths {widths} != {c.widths()}"
+    for wd in widths:
+        getattr(m, f"signs_{wd}").copy_(torch.from_numpy(signs[off:off + wd]))
+        off += wd
+    perm = tiled_from_grouped(c.ssm_k_heads, c.ssm_v_heads)
+    inv = np.argsort(perm)  # grouped head g <- tiled head inv[g]
+    dv = c.ssm_head_v
+    ch_inv = np.concatenate([np.arange(h * dv, (h + 1) * dv) for h in inv])
+    nqk = 2 * c.ssm_k_heads * c.ssm_head_k
+    row_inv = np.concatenate([np.arange(nqk), nqk + ch_inv])
+
+    def T(name):
+        return torch.from_numpy(np.ascontiguousarray(r.f32(name)))
+
+    with torch.no_grad():
+        m.tok_embd.copy_(T("token_embd.weight"))
+        m.output.copy_(T("output.weight"))
+        m.output_norm.copy_(T("output_norm.weight"))
+        for il, L in enumerate(m.layers):
+            b = f"blk.{il}."
+            L.attn_norm.copy_(T(b + "attn_norm.weight"))
+            L.post_attn_norm.copy_(T(b + "post_attention_norm.weight"))
+            if c.is_attention(il):
+                for nm, prm in (("attn_q", L.wq), ("attn_k", L.wk), ("attn_v", L.wv), ("attn_output", L.wo),
+                                ("attn_q_norm", L.q_norm), ("attn_k_norm", L.k_norm)):
+                    prm.copy_(T(b + nm + ".weight"))
+            else:
+                L.w_qkv.copy_(T(b + "attn_qkv.weight")[row_inv])
+                L.w_gate.copy_(T(b + "attn_gate.weight")[ch_inv])
+                L.conv1d.copy_(T(b + "ssm_conv1d.weight")[row_inv])
+                L.dt_bias.copy_(T(b + "ssm_dt.bias")[inv])
+                L.A_log.copy_(torch.log(-T(b + "ssm_a")[inv]))
+                L.w_alpha.copy_(T(b + "ssm_alpha.weight")[inv])
+                L.w_beta.copy_(T(b + "ssm_beta.weight")[inv])
+                L.ssm_norm.copy_(T(b + "ssm_norm.weight"))
+                L.w_out.copy_(T(b + "ssm_out.weight"))
+            L.ffn_gate.copy_(T(b + "ffn_gate.weight"))
+            L.ffn_up.copy_(T(b + "ffn_up.weight"))
+            L.ffn_down.copy_(T(b + "ffn_down.weight"))
+    tok = None
+    if "tokenizer.ggml.tokens" in kv:
+        tok = {"tokens": kv["tokenizer.ggml.tokens"], "mask": int(kv["tokenizer.ggml.mask_token_id"]),
+               "eos": int(kv["tokenizer.ggml.eos_token_id"]), "bos": int(kv["tokenizer.ggml.bos_token_id"])}
+    return m.to(device), tok

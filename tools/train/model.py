@@ -251,11 +251,12 @@ class Target(nn.Module):
         cache = getattr(self, "_cache", None)
         if cache is not None and id(w) in cache:
             return cache[id(w)]
-        t = self.T(w)
-        if rotate:
-            n = t.shape[1]
-            blk = self.cfg.prism_block
-            t = (t.reshape(t.shape[0], n // blk, blk) @ self.hmat).reshape(t.shape) * getattr(self, f"signs_{n}")
+        with torch.autocast(device_type=w.device.type, enabled=False):  # effective weights in fp32
+            t = self.T(w.float())
+            if rotate:
+                n = t.shape[1]
+                blk = self.cfg.prism_block
+                t = (t.reshape(t.shape[0], n // blk, blk) @ self.hmat).reshape(t.shape) * getattr(self, f"signs_{n}")
         if cache is not None:
             cache[id(w)] = t
         return t

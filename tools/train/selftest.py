@@ -129,6 +129,13 @@ def test_target(dflash, work):
                           "-t", "2"], check=True, capture_output=True, text=True)
     theirs = json.loads(res.stdout)["tokens"]
     check(theirs == ours[:len(theirs)] and len(theirs) > 0, f"dflash greedy == torch greedy\n  dflash {theirs}\n  torch  {ours}")
+    # the GGUF loaded back into torch computes the same logits
+    from export_target import load_target_gguf
+    m2, _ = load_target_gguf(path)
+    m2.eval()
+    with torch.no_grad():
+        back, _ = m2(ids)
+    check(rel(back, full) < 1e-5, f"load_target_gguf(export(m)) == m ({rel(back, full):.2e})")
     # no tokenizer -> no stop token: a longer greedy comparison
     path3 = os.path.join(work, "tiny-notok.gguf")
     export(m, None, path3)
