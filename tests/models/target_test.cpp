@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <random>
 
+#include <unistd.h>
+
 #include "gguf/gguf.h"
 #include "models/synth.h"
 #include "models/target.h"
@@ -17,8 +19,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Per-process directory: ctest runs every test case as its own process, in parallel.
 std::string temp_path(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / "dflash_models_test";
+  fs::path dir = fs::temp_directory_path() / ("dflash_models_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   return (dir / name).string();
 }
