@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "models/convert.h"
+#include "models/convert_dflash.h"
 #include "util/error.h"
 
 namespace dflash::cli {
@@ -41,7 +42,9 @@ void run_convert(const ConvertCliOptions& o) {
   opts.seed = o.seed;
   opts.threads = o.threads;
   if (!o.quiet) opts.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
-  const ConvertReport r = convert_hf_to_gguf(o.in, o.out, opts);
+  // DFlash drafter checkpoints (z-lab DFlashDraftModel / DFlash2DraftModel) have their own converter.
+  const ConvertReport r =
+      is_dflash_checkpoint(o.in) ? convert_dflash_to_gguf(o.in, o.out, opts) : convert_hf_to_gguf(o.in, o.out, opts);
   fmt::print("{}: {} {} tensors, {:.1f} MiB of tensor data, type {}{}{}\n", o.out, r.arch, r.n_tensors,
              static_cast<double>(r.data_bytes) / (1024.0 * 1024.0), type_name(*type),
              r.prism_block ? fmt::format(", prism-rotated (block {})", r.prism_block) : "",
@@ -52,7 +55,7 @@ void run_convert(const ConvertCliOptions& o) {
 
 void register_convert(CLI::App& app) {
   auto o = std::make_shared<ConvertCliOptions>();
-  CLI::App* sub = app.add_subcommand("convert", "Convert a Hugging Face Qwen3.5 / Qwen3 checkpoint to GGUF");
+  CLI::App* sub = app.add_subcommand("convert", "Convert a Hugging Face Qwen3.5 / Qwen3 checkpoint or a DFlash drafter to GGUF");
   sub->add_option("hf_dir", o->in, "Hugging Face model folder (config.json, *.safetensors, tokenizer.json)")->required();
   sub->add_option("out", o->out, "Output GGUF file")->required();
   sub->add_option("--type,-t", o->type,
