@@ -21,6 +21,7 @@ void register_synth(CLI::App& app);     // cmd_synth.cpp: random-weight target m
 void register_synth_drafter(CLI::App& app);  // cmd_synth_drafter.cpp: random-weight DFlash drafters
 void register_convert(CLI::App& app);   // cmd_convert.cpp: Hugging Face checkpoint -> GGUF
 void register_tokenize(CLI::App& app);  // cmd_tokenize.cpp: tokenize / detokenize with a model's tokenizer
+void register_serve(CLI::App& app);     // cmd_serve.cpp: OpenAI-compatible HTTP server
 
 // Version string printed by `dflash --version`.
 constexpr const char* kVersion = "0.1.0";

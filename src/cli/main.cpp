@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   dflash::cli::register_synth_drafter(app);
   dflash::cli::register_convert(app);
   dflash::cli::register_tokenize(app);
+  dflash::cli::register_serve(app);
 
   try {
     app.parse(argc, argv);
