@@ -19,6 +19,7 @@ void register_dump(CLI::App& app);      // cmd_dump.cpp: one tensor dequantized 
 void register_run(CLI::App& app);       // cmd_run.cpp: greedy generation, plain or speculative
 void register_synth(CLI::App& app);     // cmd_synth.cpp: random-weight target models
 void register_synth_drafter(CLI::App& app);  // cmd_synth_drafter.cpp: random-weight DFlash drafters
+void register_draft(CLI::App& app);     // cmd_draft.cpp: one traced drafter forward (the z-lab oracle)
 void register_convert(CLI::App& app);   // cmd_convert.cpp: Hugging Face checkpoint -> GGUF
 void register_tokenize(CLI::App& app);  // cmd_tokenize.cpp: tokenize / detokenize with a model's tokenizer
 void register_serve(CLI::App& app);     // cmd_serve.cpp: OpenAI-compatible HTTP server

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   dflash::cli::register_run(app);
   dflash::cli::register_synth(app);
   dflash::cli::register_synth_drafter(app);
+  dflash::cli::register_draft(app);
   dflash::cli::register_convert(app);
   dflash::cli::register_tokenize(app);
   dflash::cli::register_serve(app);
