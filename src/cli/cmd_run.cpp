@@ -19,6 +19,7 @@
 #include <span>
 #include <sstream>
 
+#include "cli/backend_select.h"
 #include "cli/commands.h"
 #include "cli/model_paths.h"
 #include "gguf/gguf.h"
@@ -41,6 +42,7 @@ struct RunArgs {
   int64_t max_tokens = 128;
   int64_t n_ctx = 4096;
   int threads = 0;
+  std::string device = "cpu";
   bool raw = false;
   bool no_think = false;
   bool json = false;
@@ -102,7 +104,7 @@ void dump_prompt_logits(TargetModel& model, const std::vector<int32_t>& prompt, 
 void run(const RunArgs& a) {
   const std::string model_path = a.model.empty() ? default_target_path() : a.model;
   gguf::File file = gguf::File::open(model_path);
-  auto backend = make_cpu_backend(a.threads);
+  auto backend = make_backend(a.device, a.threads);
   TargetOptions topts;
   topts.n_ctx = a.n_ctx;
   // The drafter: -d, else the bundled one when the bundled target runs; --no-spec: plain decoding.
@@ -242,6 +244,7 @@ void register_run(CLI::App& app) {
   cmd->add_option("-n,--max-tokens", a->max_tokens, "tokens to generate at most")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("-c,--ctx", a->n_ctx, "context length in tokens (prompt + generated)")->check(CLI::Range(16, 1 << 22));
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 1024));
+  cmd->add_option("--device", a->device, kDeviceHelp);
   cmd->add_option("--system", a->system, "system message for the chat template");
   cmd->add_flag("--raw", a->raw, "send the prompt text as is, without the chat template");
   cmd->add_flag("--no-think", a->no_think, "chat template with thinking switched off");

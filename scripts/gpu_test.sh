@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The CUDA backend's GPU run: differential test suite + benchmarks, in one command.
+#
+# Two halves, because the GPU machine builds nothing (nvcc is slow; the build machine has it):
+#
+#   scripts/gpu_test.sh --stage
+#       on the build machine: builds test_cuda, bench_cuda_ops and dflash in build-cuda (Release,
+#       -j${JOBS:-2}) and stages them with their non-system shared libraries (libfmt, libutf8proc)
+#       in build-cuda/gpu/ (ignored by git; carry that folder to the GPU machine).
+#
+#   scripts/gpu_test.sh [--no-test] [--no-bench] [--model27 ptq1_0|pq2_0] [--tokens N]
+#       on the GPU machine, from the repository root: runs test_cuda and bench_cuda_ops from
+#       build-cuda/gpu/, writes logs and tables under $OUT (default ./out-gpu), prints a summary last.
+#       --model27 TYPE also writes the synthetic 27B file (dflash synth --preset bonsai-27b, ~6-7 GB,
+#       into /tmp, never carried) and measures whole-model decode on it.
+#
+# Through the device tool:  run(command="bash scripts/gpu_test.sh", carry=["build-cuda/gpu"])
+set -uo pipefail
+cd "$(dirname "$0")/.."
+G=build-cuda/gpu
+
+if [ "${1:-}" = "--stage" ]; then
+  set -e
+  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  ninja -C build-cuda -j "${JOBS:-2}" test_cuda bench_cuda_ops
+  rm -rf "$G" && mkdir -p "$G/lib"
+  cp build-cuda/tests/cuda/test_cuda build-cuda/tests/cuda/bench_cuda_ops "$G/"
+  # dflash (for `dflash synth` of the 27B file) is optional: the tree may be mid-edit elsewhere
+  if ninja -C build-cuda -j "${JOBS:-2}" dflash; then cp build-cuda/dflash "$G/"; else echo "warning: dflash not built"; fi
+  for b in "$G"/test_cuda "$G"/bench_cuda_ops "$G"/dflash; do
+    [ -f "$b" ] || continue
+    ldd "$b" | awk '/=> \// {print $3}' | grep -E 'libfmt|libutf8proc|libgtest|libbenchmark|httplib' || true
+  done | sort -u | while read -r lib; do cp -L "$lib" "$G/lib/"; done
+  git rev-parse HEAD >"$G/COMMIT"
+  git status --porcelain -- src/ops/cuda tests/cuda bench/cuda_ops_bench.cpp | grep -q . && echo "+dirty" >>"$G/COMMIT"
+  du -sh "$G"
+  exit 0
+fi
+
+RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-test) RUN_TEST=0 ;;
+    --no-bench) RUN_BENCH=0 ;;
+    --model27) MODEL27="$2"; shift ;;
+    --tokens) TOKENS="$2"; shift ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+OUT=${OUT:-$PWD/out-gpu}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/$G/lib:${LD_LIBRARY_PATH:-}"
+[ -x "$G/test_cuda" ] || { echo "no $G/test_cuda: run scripts/gpu_test.sh --stage first and carry $G" >&2; exit 2; }
+{
+  echo "commit: $(cat $G/COMMIT | tr '\n' ' ')"
+  echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem --format=csv
+} >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+rc=0
+if [ $RUN_TEST = 1 ]; then
+  t0=$(date +%s)
+  DFLASH_CUDA_REPORT="$OUT/test_cuda_table.md" timeout 600 "$G/test_cuda" --gtest_brief=1 >"$OUT/test_cuda.log" 2>&1
+  rt=$?
+  echo "test_cuda: exit $rt in $(( $(date +%s) - t0 )) s"
+  [ $rt = 0 ] || rc=1
+fi
+if [ $RUN_BENCH = 1 ]; then
+  t0=$(date +%s)
+  timeout 600 "$G/bench_cuda_ops" --out "$OUT/bench.md" >"$OUT/bench.log" 2>&1
+  rb=$?
+  echo "bench_cuda_ops: exit $rb in $(( $(date +%s) - t0 )) s"
+  [ $rb = 0 ] || rc=1
+fi
+if [ -n "$MODEL27" ]; then
+  t0=$(date +%s)
+  F=/tmp/bonsai27-$MODEL27.gguf
+  timeout 600 "$G/dflash" synth "$F" --preset bonsai-27b --type "$MODEL27" >"$OUT/synth.log" 2>&1
+  echo "synth $MODEL27: exit $? in $(( $(date +%s) - t0 )) s"
+  t0=$(date +%s)
+  timeout 600 "$G/bench_cuda_ops" --model "$F" --model-only --tokens "$TOKENS" --out "$OUT/bench_model_$MODEL27.md" \
+    >"$OUT/bench_model_$MODEL27.log" 2>&1
+  rm_=$?
+  echo "bench model $MODEL27: exit $rm_ in $(( $(date +%s) - t0 )) s"
+  [ $rm_ = 0 ] || rc=1
+fi
+
+echo "================ summary"
+[ -f "$OUT/test_cuda.log" ] && grep -E "FAILED|PASSED|SKIPPED" "$OUT/test_cuda.log" | head -20
+[ -f "$OUT/test_cuda_table.md" ] && { grep -E "FAIL" "$OUT/test_cuda_table.md" | head -20; tail -1 "$OUT/test_cuda_table.md"; }
+[ -f "$OUT/bench.md" ] && cat "$OUT/bench.md"
+for f in "$OUT"/bench_model_*.md; do [ -f "$f" ] && cat "$f"; done
+exit $rc

@@ -1,0 +1,475 @@
+// The CUDA backend class: argument checks (the CPU backend's), memory, weight upload, and the op
+// methods, each a launcher from kernels.h followed by a launch check. Host code only (g++).
+#include "ops/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "ops/cuda/kernels.h"
+#include "util/error.h"
+
+namespace dflash {
+namespace {
+
+#define DFLASH_CUDA_CALL(call, ...)                                                                        \
+  do {                                                                                                     \
+    const cudaError_t err_ = (call);                                                                       \
+    if (err_ != cudaSuccess)                                                                               \
+      ::dflash::fail("cuda: {} failed: {} ({}) [{}:{}]", #call, cudaGetErrorString(err_),                  \
+                     cudaGetErrorName(err_), __FILE__, __LINE__);                                          \
+  } while (0)
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    const int n = cuda_device_count();
+    DFLASH_CHECK(device >= 0 && device < n, "cuda: no CUDA device {} ({} device(s) found)", device, n);
+    DFLASH_CUDA_CALL(cudaSetDevice(device));
+    DFLASH_CUDA_CALL(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    cudaDeviceProp prop{};
+    DFLASH_CUDA_CALL(cudaGetDeviceProperties(&prop, device));
+    desc_ = prop.name;
+    const char* dbg = std::getenv("DFLASH_CUDA_DEBUG");
+    debug_ = dbg != nullptr && std::string_view(dbg) != "0" && std::string_view(dbg) != "";
+  }
+
+  ~CudaBackend() override {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+    for (void* p : weight_allocs_) cudaFree(p);
+    for (auto& sb : scratch_)
+      if (sb.ptr) cudaFree(sb.ptr);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return fmt::format("cuda ({}, device {})", desc_, device_); }
+
+  // ---- memory ---------------------------------------------------------------------------------
+  void* alloc(size_t bytes) override {
+    const size_t padded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, padded);
+    DFLASH_CHECK(err == cudaSuccess, "cuda: out of device memory allocating {} bytes: {}", bytes,
+                 cudaGetErrorString(err));
+    DFLASH_CUDA_CALL(cudaMemsetAsync(p, 0, padded, stream_));
+    return p;
+  }
+  void release(void* ptr) override {
+    if (!ptr) return;
+    DFLASH_CUDA_CALL(cudaStreamSynchronize(stream_));  // in-flight work may still read it
+    DFLASH_CUDA_CALL(cudaFree(ptr));
+  }
+  void upload(void* dst, const void* host_src, size_t bytes) override {
+    // From pageable memory the call returns once the source is staged, so host_src may go away.
+    if (bytes) DFLASH_CUDA_CALL(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+    after("upload");
+  }
+  void download(void* host_dst, const void* src, size_t bytes) override {
+    if (bytes) DFLASH_CUDA_CALL(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    DFLASH_CUDA_CALL(cudaStreamSynchronize(stream_));
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (!bytes || dst == src) return;
+    const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+    DFLASH_CHECK(d + bytes <= s || s + bytes <= d, "cuda copy: overlapping ranges ({} bytes)", bytes);
+    DFLASH_CUDA_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    after("copy");
+  }
+  void fill_zero(void* dst, size_t bytes) override {
+    if (bytes) DFLASH_CUDA_CALL(cudaMemsetAsync(dst, 0, bytes, stream_));
+    after("fill_zero");
+  }
+  void synchronize() override {
+    DFLASH_CUDA_CALL(cudaStreamSynchronize(stream_));
+    DFLASH_CUDA_CALL(cudaGetLastError());
+  }
+
+  WeightRef upload_weight(const void* host_data, GgmlType type, int64_t in, int64_t out) override {
+    DFLASH_CHECK(host_data != nullptr, "cuda backend: upload_weight of a null pointer ({} x {} {})", out, in,
+                 type_name(type));
+    DFLASH_CHECK(in > 0 && out > 0, "cuda backend: upload_weight with shape [{}, {}]", in, out);
+    DFLASH_CHECK(type_traits(type).has_codec && cuda::matmul_supported(static_cast<int>(type)),
+                 "cuda backend: no kernel for weight type {}", type_name(type));
+    const size_t rb = row_bytes(type, in);  // checks in % block
+    const size_t file_bytes = rb * static_cast<size_t>(out);
+    cuda::DevWeight dw;
+    dw.type = static_cast<int>(type);
+    dw.in = in;
+    dw.out = out;
+    if (type == GgmlType::PQ2_0 || type == GgmlType::PTQ1_0) {
+      // planar 2-bit: codes [out][in/4] then fp16 scales [out][in/128]
+      const size_t code_bytes = static_cast<size_t>(out) * (in / 4);
+      const size_t scale_off = (code_bytes + 255) / 256 * 256;
+      const size_t total = scale_off + static_cast<size_t>(out) * (in / 128) * 2;
+      uint8_t* buf = static_cast<uint8_t*>(device_alloc(total, "weight"));
+      void* raw = device_alloc(file_bytes, "weight staging");
+      DFLASH_CUDA_CALL(cudaMemcpyAsync(raw, host_data, file_bytes, cudaMemcpyHostToDevice, stream_));
+      auto* scales = reinterpret_cast<uint16_t*>(buf + scale_off);
+      if (type == GgmlType::PTQ1_0)
+        cuda::launch_ptq1_to_planar2(static_cast<const uint8_t*>(raw), buf, scales, in, out, stream_);
+      else
+        cuda::launch_pq2_to_planar2(static_cast<const uint8_t*>(raw), buf, scales, in, out, stream_);
+      after("upload_weight transcode");
+      DFLASH_CUDA_CALL(cudaStreamSynchronize(stream_));
+      DFLASH_CUDA_CALL(cudaFree(raw));
+      dw.data = buf;
+      dw.scales = scales;
+      dw.layout = cuda::Layout::kPlanar2;
+      dw.row_stride = static_cast<size_t>(in / 4);
+      weight_bytes_[buf] = total;
+    } else {
+      uint8_t* buf = static_cast<uint8_t*>(device_alloc(file_bytes, "weight"));
+      // On the backend's stream (a non-blocking stream is not ordered after plain cudaMemcpy), then
+      // wait: the caller's host bytes may go away after we return.
+      DFLASH_CUDA_CALL(cudaMemcpyAsync(buf, host_data, file_bytes, cudaMemcpyHostToDevice, stream_));
+      DFLASH_CUDA_CALL(cudaStreamSynchronize(stream_));
+      dw.data = buf;
+      dw.layout = cuda::Layout::kBlocks;
+      dw.row_stride = rb;
+      weight_bytes_[buf] = file_bytes;
+    }
+    weight_allocs_.push_back(const_cast<uint8_t*>(dw.data));
+    weights_[dw.data] = dw;
+    WeightRef w;
+    w.data = dw.data;
+    w.type = type;
+    w.in = in;
+    w.out = out;
+    w.row_bytes = rb;
+    return w;
+  }
+
+  // ---- linear algebra ---------------------------------------------------------------------------
+  void matmul(const WeightRef& w, const float* x, float* y, int64_t M) override {
+    const cuda::DevWeight dw = dev_weight(w, "matmul");
+    cuda::launch_matmul(dw, x, y, M, stream_);
+    after("matmul");
+  }
+  // ids are device memory: an id outside [0, out) cannot be checked here; its row comes out NaN.
+  void get_rows(const WeightRef& w, const int32_t* ids, float* y, int64_t M) override {
+    const cuda::DevWeight dw = dev_weight(w, "get_rows");
+    cuda::launch_get_rows(dw, ids, y, M, stream_);
+    after("get_rows");
+  }
+
+  // ---- normalisation ----------------------------------------------------------------------------
+  void rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) override {
+    for_row_slices(rows, [&](int64_t r0, int64_t nr) {
+      cuda::launch_rms_norm(x + r0 * n, w, y + r0 * n, nr, n, eps, stream_);
+    });
+    after("rms_norm");
+  }
+  void l2_norm(const float* x, float* y, int64_t rows, int64_t n, float eps, float scale) override {
+    for_row_slices(rows, [&](int64_t r0, int64_t nr) {
+      cuda::launch_l2_norm(x + r0 * n, y + r0 * n, nr, n, eps, scale, stream_);
+    });
+    after("l2_norm");
+  }
+  void rms_norm_gated(const float* x, const float* w, const float* z, float* y, int64_t rows, int64_t n,
+                      float eps) override {
+    for_row_slices(rows, [&](int64_t r0, int64_t nr) {
+      cuda::launch_rms_norm_gated(x + r0 * n, w, z + r0 * n, y + r0 * n, nr, n, eps, stream_);
+    });
+    after("rms_norm_gated");
+  }
+
+  // ---- elementwise ------------------------------------------------------------------------------
+  void add(const float* a, const float* b, float* y, int64_t n) override {
+    cuda::launch_add(a, b, y, n, stream_);
+    after("add");
+  }
+  void swiglu(const float* gate, const float* up, float* y, int64_t n) override {
+    cuda::launch_swiglu(gate, up, y, n, stream_);
+    after("swiglu");
+  }
+  void mul_sigmoid(const float* x, const float* gate, float* y, int64_t n) override {
+    cuda::launch_mul_sigmoid(x, gate, y, n, stream_);
+    after("mul_sigmoid");
+  }
+  void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
+                 int64_t cols) override {
+    cuda::launch_copy_rows(dst, dst_stride, src, src_stride, rows, cols, stream_);
+    after("copy_rows");
+  }
+
+  // ---- prism Hadamard ---------------------------------------------------------------------------
+  void hadamard(const float* x, const float* signs, const int32_t* perm, float* y, int64_t rows, int64_t n,
+                int64_t block, bool inverse) override {
+    DFLASH_CHECK(!(inverse && perm), "cuda hadamard: a permutation is only defined for the forward transform");
+    DFLASH_CHECK(block >= 2 && block <= cuda::kHadamardMaxBlock && (block & (block - 1)) == 0,
+                 "cuda hadamard: block size {} is not a power of two in 2..{}", block, cuda::kHadamardMaxBlock);
+    DFLASH_CHECK(n > 0 && n % block == 0, "cuda hadamard: row length {} is not a multiple of the block size {}", n,
+                 block);
+    if (rows <= 0) return;
+    const float* src = x;
+    if (perm) {  // the gather reads the whole row: work from a copy so y may alias x
+      float* tmp = static_cast<float*>(scratch(kScratchHadamard, sizeof(float) * rows * n));
+      DFLASH_CUDA_CALL(cudaMemcpyAsync(tmp, x, sizeof(float) * rows * n, cudaMemcpyDeviceToDevice, stream_));
+      src = tmp;
+    }
+    for_row_slices(rows, [&](int64_t r0, int64_t nr) {
+      cuda::launch_hadamard(src + r0 * n, signs, perm, y + r0 * n, nr, n, block, inverse, stream_);
+    });
+    after("hadamard");
+  }
+
+  // ---- attention --------------------------------------------------------------------------------
+  void rope_neox(float* x, const int32_t* pos, int64_t M, int64_t heads, int64_t head_dim, int64_t n_rot,
+                 float theta) override {
+    DFLASH_CHECK(n_rot > 0 && n_rot % 2 == 0 && n_rot <= head_dim, "cuda rope: n_rot {} invalid for head_dim {}",
+                 n_rot, head_dim);
+    for_row_slices(M, [&](int64_t r0, int64_t nr) {
+      cuda::launch_rope_neox(x + r0 * heads * head_dim, pos + r0, nr, heads, head_dim, n_rot, theta, stream_);
+    });
+    after("rope_neox");
+  }
+  // kv_range is device memory: a row with hi <= lo gets zeros (the CPU rejects hi < lo).
+  void attention(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out, int64_t M,
+                 int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale) override {
+    DFLASH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+                 "cuda attention: {} heads not a multiple of {} kv heads", n_heads, n_kv_heads);
+    DFLASH_CHECK(head_dim > 0 && head_dim <= cuda::kAttentionMaxHeadDim, "cuda attention: head_dim {} outside 1..{}",
+                 head_dim, cuda::kAttentionMaxHeadDim);
+    DFLASH_CHECK(n_heads <= 65535, "cuda attention: {} heads", n_heads);
+    if (M <= 0) return;
+    for_row_slices(M, [&](int64_t r0, int64_t nr) {
+      float* part = static_cast<float*>(
+          scratch(kScratchAttention, sizeof(float) * cuda::attention_scratch_floats(nr, n_heads, head_dim)));
+      cuda::launch_attention(q + r0 * n_heads * head_dim, k, v, kv_range + 2 * r0, out + r0 * n_heads * head_dim, nr,
+                             n_heads, n_kv_heads, head_dim, scale, part, stream_);
+    });
+    after("attention");
+  }
+
+  // ---- Gated DeltaNet ---------------------------------------------------------------------------
+  void gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C, int64_t K) override {
+    DFLASH_CHECK(K >= 1 && K <= 16, "cuda gdn_conv: kernel size {} outside 1..16", K);
+    cuda::launch_gdn_conv(x, state, w, y, M, C, K, stream_);
+    after("gdn_conv");
+  }
+  void gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M,
+                 int64_t n_v_heads) override {
+    cuda::launch_gdn_gates(a, b, dt_bias, ssm_a, M, n_v_heads, stream_);
+    after("gdn_gates");
+  }
+  void gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
+                     float* out, float* snapshots, int64_t M, const GdnShape& s) override {
+    check_gdn(s, "gdn_recurrent");
+    cuda::launch_gdn_recurrent(q, k, v, g, beta, state, out, snapshots, M, s.n_k_heads, s.n_v_heads, s.head_k,
+                               s.head_v, stream_);
+    after("gdn_recurrent");
+  }
+  // Prefill falls back to the recurrence (allowed by the contract); a chunked kernel is a later round.
+  void gdn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
+                   float* out, int64_t M, const GdnShape& s) override {
+    check_gdn(s, "gdn_chunked");
+    cuda::launch_gdn_recurrent(q, k, v, g, beta, state, out, nullptr, M, s.n_k_heads, s.n_v_heads, s.head_k,
+                               s.head_v, stream_);
+    after("gdn_chunked");
+  }
+
+  // ---- sampling ---------------------------------------------------------------------------------
+  void argmax(const float* x, int32_t* ids, int64_t M, int64_t n) override {
+    DFLASH_CHECK(n > 0 && n <= INT32_MAX, "cuda argmax: row length {}", n);
+    for_row_slices(M, [&](int64_t r0, int64_t nr) {
+      void* s = scratch(kScratchArgmax, cuda::argmax_scratch_bytes(nr));
+      cuda::launch_argmax(x + r0 * n, ids + r0, nr, n, s, stream_);
+    });
+    after("argmax");
+  }
+  void top_k(const float* x, int32_t* ids, float* vals, int64_t M, int64_t n, int64_t k) override {
+    DFLASH_CHECK(k > 0 && k <= n, "cuda top_k: k = {} outside [1, {}]", k, n);
+    DFLASH_CHECK(k <= cuda::kTopKMax, "cuda top_k: k = {} above the supported {}", k, cuda::kTopKMax);
+    DFLASH_CHECK(n <= INT32_MAX, "cuda top_k: row length {}", n);
+    for_row_slices(M, [&](int64_t r0, int64_t nr) {
+      void* s = scratch(kScratchTopK, cuda::topk_scratch_bytes(nr, n, k));
+      cuda::launch_top_k(x + r0 * n, ids + r0 * k, vals + r0 * k, nr, n, k, s, stream_);
+    });
+    after("top_k");
+  }
+
+  // ---- DFlash drafter ---------------------------------------------------------------------------
+  void dflash_conv(const float* x, const float* base, const float* d, int64_t d_stride, const float* res, float* y,
+                   int64_t M, int64_t C, int64_t K, int64_t group) override {
+    DFLASH_CHECK(K >= 1 && group >= 1 && C % group == 0, "cuda dflash_conv: C {} not a multiple of group {} (K {})",
+                 C, group, K);
+    DFLASH_CHECK(x != y, "cuda dflash_conv: x must not alias y");
+    DFLASH_CHECK(d_stride >= K * (C / group), "cuda dflash_conv: coefficient row stride {} < K*G = {}", d_stride,
+                 K * (C / group));
+    DFLASH_CHECK(M <= 65535, "cuda dflash_conv: {} rows", M);
+    cuda::launch_dflash_conv(x, base, d, d_stride, res, y, M, C, K, group, stream_);
+    after("dflash_conv");
+  }
+
+  // ---- diagnostics ------------------------------------------------------------------------------
+  cudaStream_t stream() const { return stream_; }
+  size_t weight_bytes(const WeightRef& w) const {
+    auto it = weight_bytes_.find(w.data);
+    return it == weight_bytes_.end() ? w.row_bytes * w.out : it->second;
+  }
+  std::string layout_name(const WeightRef& w) const {
+    auto it = weights_.find(w.data);
+    if (it == weights_.end()) return "blocks (raw)";
+    return it->second.layout == cuda::Layout::kPlanar2 ? "planar-2bit" : "blocks";
+  }
+  void* bench_scratch(size_t bytes) { return scratch(kScratchBench, bytes); }
+
+ private:
+  enum ScratchSlot { kScratchHadamard, kScratchAttention, kScratchArgmax, kScratchTopK, kScratchBench, kNumScratch };
+  struct ScratchBuf {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+
+  void* device_alloc(size_t bytes, const char* what) {
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 256));
+    DFLASH_CHECK(err == cudaSuccess, "cuda: out of device memory allocating {} bytes for {}: {}", bytes, what,
+                 cudaGetErrorString(err));
+    return p;
+  }
+
+  // Grow-only scratch per slot (a step's shapes are fixed, so this settles after the first step).
+  void* scratch(ScratchSlot slot, size_t bytes) {
+    ScratchBuf& b = scratch_[slot];
+    if (b.bytes < bytes) {
+      if (b.ptr) {
+        DFLASH_CUDA_CALL(cudaStreamSynchronize(stream_));
+        DFLASH_CUDA_CALL(cudaFree(b.ptr));
+      }
+      b.ptr = device_alloc(bytes, "scratch");
+      b.bytes = bytes;
+    }
+    return b.ptr;
+  }
+
+  cuda::DevWeight dev_weight(const WeightRef& w, const char* op) const {
+    DFLASH_CHECK(w.valid(), "cuda {}: invalid weight", op);
+    auto it = weights_.find(w.data);
+    if (it != weights_.end()) return it->second;
+    // A WeightRef not made by upload_weight: the file's block layout in backend memory.
+    DFLASH_CHECK(cuda::matmul_supported(static_cast<int>(w.type)), "cuda {}: no kernel for weight type {}", op,
+                 type_name(w.type));
+    cuda::DevWeight dw;
+    dw.data = static_cast<const uint8_t*>(w.data);
+    dw.type = static_cast<int>(w.type);
+    dw.layout = cuda::Layout::kBlocks;
+    dw.in = w.in;
+    dw.out = w.out;
+    dw.row_stride = w.row_bytes ? w.row_bytes : row_bytes(w.type, w.in);
+    return dw;
+  }
+
+  static void check_gdn(const GdnShape& s, const char* op) {
+    DFLASH_CHECK(s.n_k_heads > 0 && s.n_v_heads > 0 && s.n_v_heads % s.n_k_heads == 0 && s.head_k > 0 &&
+                     s.head_v > 0,
+                 "cuda {}: bad GDN shape (k heads {}, v heads {}, head_k {}, head_v {})", op, s.n_k_heads,
+                 s.n_v_heads, s.head_k, s.head_v);
+    DFLASH_CHECK(s.head_k <= cuda::kGdnMaxHeadK && s.n_v_heads <= 65535, "cuda {}: head_k {} above {}", op, s.head_k,
+                 cuda::kGdnMaxHeadK);
+  }
+
+  // Ops that put rows on grid.y run in slices of at most 65535 rows.
+  template <typename F>
+  void for_row_slices(int64_t rows, F&& f) {
+    constexpr int64_t kSlice = 65535;
+    for (int64_t r0 = 0; r0 < rows; r0 += kSlice) f(r0, std::min(kSlice, rows - r0));
+  }
+
+  // Launch check after every op; with DFLASH_CUDA_DEBUG also waits so a fault names its op.
+  void after(const char* op) {
+    cudaError_t err = cudaGetLastError();
+    if (err == cudaSuccess && debug_) err = cudaStreamSynchronize(stream_);
+    if (err != cudaSuccess) fail("cuda {}: {} ({})", op, cudaGetErrorString(err), cudaGetErrorName(err));
+  }
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::string desc_;
+  bool debug_ = false;
+  std::unordered_map<const void*, cuda::DevWeight> weights_;
+  std::unordered_map<const void*, size_t> weight_bytes_;
+  std::vector<void*> weight_allocs_;
+  ScratchBuf scratch_[kNumScratch];
+};
+
+CudaBackend& as_cuda(Backend& be) {
+  auto* c = dynamic_cast<CudaBackend*>(&be);
+  DFLASH_CHECK(c != nullptr, "not a CUDA backend: {}", be.name());
+  return *c;
+}
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return n;
+}
+
+std::string cuda_device_description(int device) {
+  const int n = cuda_device_count();
+  DFLASH_CHECK(device >= 0 && device < n, "cuda: no CUDA device {} ({} device(s) found)", device, n);
+  cudaDeviceProp p{};
+  DFLASH_CUDA_CALL(cudaGetDeviceProperties(&p, device));
+  return fmt::format("{} (sm_{}{}, {} SMs, {:.1f} GiB, L2 {} MiB)", p.name, p.major, p.minor, p.multiProcessorCount,
+                     static_cast<double>(p.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), p.l2CacheSize >> 20);
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
+
+namespace cuda {
+
+size_t weight_device_bytes(Backend& be, const WeightRef& w) { return as_cuda(be).weight_bytes(w); }
+std::string weight_layout(Backend& be, const WeightRef& w) { return as_cuda(be).layout_name(w); }
+
+double time_ms(Backend& be, int warmup, int iters, const std::function<void()>& fn) {
+  CudaBackend& c = as_cuda(be);
+  for (int i = 0; i < warmup; ++i) fn();
+  c.synchronize();
+  cudaEvent_t a, b;
+  DFLASH_CUDA_CALL(cudaEventCreate(&a));
+  DFLASH_CUDA_CALL(cudaEventCreate(&b));
+  std::vector<float> t;
+  for (int i = 0; i < iters; ++i) {
+    DFLASH_CUDA_CALL(cudaEventRecord(a, c.stream()));
+    fn();
+    DFLASH_CUDA_CALL(cudaEventRecord(b, c.stream()));
+    DFLASH_CUDA_CALL(cudaEventSynchronize(b));
+    float ms = 0;
+    DFLASH_CUDA_CALL(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t.empty() ? 0.0 : t[t.size() / 2];
+}
+
+double read_bandwidth_gbps(Backend& be, size_t bytes, int iters) {
+  CudaBackend& c = as_cuda(be);
+  bytes = bytes / 16 * 16;
+  void* buf = c.alloc(bytes);
+  DFLASH_CUDA_CALL(cudaMemsetAsync(buf, 0x5a, bytes, c.stream()));
+  auto* sink = static_cast<unsigned*>(c.alloc(sizeof(unsigned) * 65536));
+  const double ms = time_ms(be, 2, iters, [&] {
+    launch_read_kernel(buf, bytes / 16, sink, c.stream());
+    const cudaError_t err = cudaGetLastError();
+    DFLASH_CHECK(err == cudaSuccess, "cuda read kernel: {}", cudaGetErrorString(err));
+  });
+  c.release(sink);
+  c.release(buf);
+  return static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+}
+
+}  // namespace cuda
+}  // namespace dflash

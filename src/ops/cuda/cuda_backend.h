@@ -1,0 +1,56 @@
+// The CUDA backend (src/ops/cuda/): every Backend op on one NVIDIA GPU, enqueued on one stream.
+//
+// This header is plain C++ (no CUDA headers), so the CLI, tests and benchmarks include it whatever
+// compiler builds them. It exists in builds with DFLASH_HAVE_CUDA only.
+//
+// Design (see each .cu file for its kernels):
+//  - memory: cudaMalloc'd device memory (never managed memory); upload/copy/fill are async on the
+//    backend's stream; download and synchronize wait.
+//  - weights: upload_weight copies the file's bytes to the device. PQ2_0 and PTQ1_0 are stored in a
+//    planar 2-bit layout (codes of a row contiguous, the fp16 scales in a separate array); PTQ1_0's
+//    base-3 trits are transcoded to those 2-bit codes at load time (SPEC 8: the base-3 unpack is
+//    ALU-heavy; an H200 has memory to spare). Every other type keeps the file's block layout.
+//  - lossless (SPEC 5.5): every kernel computes one output row from that row's data with a reduction
+//    order fixed by the op's sizes; the number of rows M only changes the grid. In particular each
+//    matmul output y[m][o] is one fixed sequence of fp32 fmas (lane -> K positions fixed by K, fixed
+//    per-lane order, fixed warp butterfly), so M rows give the bits of M one-row calls.
+//  - CUDA results are not the CPU's bits (other reduction orders); tests/cuda bounds the difference.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ops/backend.h"
+
+namespace dflash {
+
+// Number of usable CUDA devices (0 when there is no driver or no GPU; never throws).
+int cuda_device_count();
+// "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)" — throws dflash::Error for a bad device.
+std::string cuda_device_description(int device);
+
+// The CUDA backend on `device`. Throws dflash::Error when the device does not exist or CUDA fails.
+// Environment: DFLASH_CUDA_DEBUG=1 synchronizes after every op so an asynchronous error names the op.
+std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+
+namespace cuda {
+
+// Diagnostics for tests and benchmarks (the backend must be a CUDA backend).
+// Bytes of device memory the backend holds for weights (after any transcoding).
+size_t weight_device_bytes(Backend& be, const WeightRef& w);
+// A description of the device layout used for a weight ("planar-2bit", "blocks", ...).
+std::string weight_layout(Backend& be, const WeightRef& w);
+
+// Event timing on the backend's stream: returns the median milliseconds of `iters` runs of fn()
+// (after `warmup` runs), each run bracketed by events.
+double time_ms(Backend& be, int warmup, int iters, const std::function<void()>& fn);
+
+// Streaming-read bandwidth floor measured on the backend's device: a kernel reading `bytes`
+// (16-byte loads, every byte once, a checksum written so nothing is elided), median of iters runs.
+// Returns GB/s (1e9 bytes per second).
+double read_bandwidth_gbps(Backend& be, size_t bytes, int iters);
+
+}  // namespace cuda
+}  // namespace dflash

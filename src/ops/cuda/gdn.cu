@@ -1,0 +1,117 @@
+// Gated DeltaNet delta-rule recurrence (SPEC 2.4), sequential over the rows.
+//
+// Columns j of a head's state S[i][j] (i = key dim, j = value dim) evolve independently given the
+// sums over i, so a block takes one V head and 32 value columns: thread (g, jl) owns column j0 + jl and
+// the key rows i = g, g + 4, g + 8, ... in registers (4 row groups). Per row:
+//   S *= exp(g);  kv = S^T k;  delta = (v - kv) * beta;  S += k delta^T;  o = S^T q
+// each sum over i = the group's partial (its rows in increasing order) combined as (g0 + g1) + (g2 + g3).
+// The state stays in registers across the M rows; snapshots (verify's undo) get the state after each row.
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/kernels.h"
+
+namespace dflash::cuda {
+namespace {
+
+constexpr int kGroups = 4;
+
+template <int kRPT>  // rows per thread: head_k <= kGroups * kRPT
+__global__ void __launch_bounds__(kGroups * 32)
+gdn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                     const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ state,
+                     float* __restrict__ out, float* __restrict__ snapshots, int64_t M, int Hk, int Hv, int dk, int dv) {
+  __shared__ float ks[kGroups * kRPT], qs[kGroups * kRPT];
+  __shared__ float red[2][kGroups][32];
+  const int p = blockIdx.x;
+  const int kh = p % Hk;
+  const int jl = threadIdx.x & 31, grp = threadIdx.x >> 5;
+  const int j = blockIdx.y * 32 + jl;
+  const bool col_ok = j < dv;
+  const int64_t head_state = static_cast<int64_t>(dk) * dv;
+  float* S0 = state + p * head_state;
+
+  float S[kRPT];
+#pragma unroll
+  for (int r = 0; r < kRPT; ++r) {
+    const int i = grp + kGroups * r;
+    S[r] = (col_ok && i < dk) ? S0[static_cast<int64_t>(i) * dv + j] : 0.0f;
+  }
+
+  for (int64_t m = 0; m < M; ++m) {
+    const float* qm = q + (m * Hk + kh) * dk;
+    const float* km = k + (m * Hk + kh) * dk;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+      ks[i] = km[i];
+      qs[i] = qm[i];
+    }
+    const float decay = expf(g[m * Hv + p]);
+    const float b = beta[m * Hv + p];
+    const float vj = col_ok ? v[(m * Hv + p) * dv + j] : 0.0f;
+    __syncthreads();
+    float kv = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRPT; ++r) {
+      const int i = grp + kGroups * r;
+      if (i < dk) {
+        S[r] *= decay;
+        kv = fmaf(S[r], ks[i], kv);
+      }
+    }
+    red[0][grp][jl] = kv;
+    __syncthreads();
+    const float kv_all = (red[0][0][jl] + red[0][1][jl]) + (red[0][2][jl] + red[0][3][jl]);
+    const float delta = (vj - kv_all) * b;
+    float o = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRPT; ++r) {
+      const int i = grp + kGroups * r;
+      if (i < dk) {
+        S[r] = fmaf(ks[i], delta, S[r]);
+        o = fmaf(S[r], qs[i], o);
+      }
+    }
+    red[1][grp][jl] = o;
+    if (snapshots && col_ok) {
+      float* snap = snapshots + m * static_cast<int64_t>(Hv) * head_state + p * head_state;
+#pragma unroll
+      for (int r = 0; r < kRPT; ++r) {
+        const int i = grp + kGroups * r;
+        if (i < dk) snap[static_cast<int64_t>(i) * dv + j] = S[r];
+      }
+    }
+    __syncthreads();
+    if (grp == 0 && col_ok)
+      out[(m * Hv + p) * dv + j] = (red[1][0][jl] + red[1][1][jl]) + (red[1][2][jl] + red[1][3][jl]);
+    // the next row overwrites ks/qs and red[0]; red[1] is read above before the next row's second barrier
+    __syncthreads();
+  }
+  if (col_ok) {
+#pragma unroll
+    for (int r = 0; r < kRPT; ++r) {
+      const int i = grp + kGroups * r;
+      if (i < dk) S0[static_cast<int64_t>(i) * dv + j] = S[r];
+    }
+  }
+}
+
+}  // namespace
+
+void launch_gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                          float* state, float* out, float* snapshots, int64_t M, int64_t n_k_heads, int64_t n_v_heads,
+                          int64_t head_k, int64_t head_v, cudaStream_t s) {
+  if (M <= 0) return;
+  const dim3 grid(static_cast<unsigned>(n_v_heads), ceil_div_u(head_v, 32));
+  const int Hk = static_cast<int>(n_k_heads), Hv = static_cast<int>(n_v_heads);
+  const int dk = static_cast<int>(head_k), dv = static_cast<int>(head_v);
+  if (head_k <= 4 * 4)
+    gdn_recurrent_kernel<4><<<grid, 128, 0, s>>>(q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
+  else if (head_k <= 4 * 8)
+    gdn_recurrent_kernel<8><<<grid, 128, 0, s>>>(q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
+  else if (head_k <= 4 * 16)
+    gdn_recurrent_kernel<16><<<grid, 128, 0, s>>>(q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
+  else if (head_k <= 4 * 32)
+    gdn_recurrent_kernel<32><<<grid, 128, 0, s>>>(q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
+  else
+    gdn_recurrent_kernel<64><<<grid, 128, 0, s>>>(q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
+}
+
+}  // namespace dflash::cuda

@@ -1,0 +1,97 @@
+// Launchers of the CUDA kernels (defined in the .cu files of this folder), called by cuda_backend.cpp.
+//
+// Plain C++ with CUDA runtime types only: the backend class (cuda_backend.cpp, compiled by the host
+// compiler) checks arguments, throws dflash::Error and checks cudaGetLastError() after each launcher;
+// the launchers only compute grids and enqueue kernels on `s`. All pointers are device pointers.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dflash::cuda {
+
+// ---- weight layouts (matmul.cu) -----------------------------------------------------------------
+// How a weight lives on the device.
+enum class Layout : int {
+  kBlocks = 0,     // the file's blocks, rows `row_stride` bytes apart (row_stride >= the file's row bytes)
+  kPlanar2 = 1,    // 2-bit codes (value = (code - 1) * d): codes [out][in/4] bytes (element e of a row
+                   // at bits 2(e%4) of byte e/4, as PQ2_0), then fp16 scales [out][in/128]
+};
+
+struct DevWeight {
+  const uint8_t* data = nullptr;  // kBlocks: rows; kPlanar2: codes
+  const uint16_t* scales = nullptr;  // kPlanar2: fp16 d per 128 elements
+  int type = 0;                    // GgmlType id of the FILE (for kBlocks: the block format)
+  Layout layout = Layout::kBlocks;
+  int64_t in = 0, out = 0;
+  size_t row_stride = 0;  // bytes between rows (kBlocks: file row bytes; kPlanar2: in / 4)
+};
+
+// True when matmul/get_rows have a kernel for this (file type, layout).
+bool matmul_supported(int type);
+// y[M, out] = x[M, in] . W^T. M any; rows go in tiles of at most 8 through the same per-row arithmetic.
+void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, cudaStream_t s);
+// y[M, in] = dequantized rows ids[M] (ids checked on the device: an id outside [0, out) writes NaN).
+void launch_get_rows(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s);
+// PTQ1_0 blocks (28 B / 128) -> planar 2-bit codes + scales, on the device. src: out rows of in/128 blocks.
+void launch_ptq1_to_planar2(const uint8_t* src, uint8_t* codes, uint16_t* scales, int64_t in, int64_t out,
+                            cudaStream_t s);
+// PQ2_0 blocks (34 B / 128) -> planar 2-bit codes + scales.
+void launch_pq2_to_planar2(const uint8_t* src, uint8_t* codes, uint16_t* scales, int64_t in, int64_t out,
+                           cudaStream_t s);
+
+// ---- norms and elementwise (norm.cu) --------------------------------------------------------------
+void launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, cudaStream_t s);
+void launch_l2_norm(const float* x, float* y, int64_t rows, int64_t n, float eps, float scale, cudaStream_t s);
+void launch_rms_norm_gated(const float* x, const float* w, const float* z, float* y, int64_t rows, int64_t n,
+                           float eps, cudaStream_t s);
+void launch_add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s);
+void launch_swiglu(const float* g, const float* u, float* y, int64_t n, cudaStream_t s);
+void launch_mul_sigmoid(const float* x, const float* g, float* y, int64_t n, cudaStream_t s);
+void launch_copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
+                      int64_t cols, cudaStream_t s);
+void launch_gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M, int64_t n_v_heads,
+                      cudaStream_t s);
+void launch_gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C, int64_t K,
+                     cudaStream_t s);
+void launch_dflash_conv(const float* x, const float* base, const float* d, int64_t d_stride, const float* res,
+                        float* y, int64_t M, int64_t C, int64_t K, int64_t group, cudaStream_t s);
+
+// ---- Hadamard (hadamard.cu) -------------------------------------------------------------------------
+// x may equal y when perm is null; with a perm the caller passes a copy of x (gather reads the whole row).
+void launch_hadamard(const float* x, const float* signs, const int32_t* perm, float* y, int64_t rows, int64_t n,
+                     int64_t block, bool inverse, cudaStream_t s);
+constexpr int64_t kHadamardMaxBlock = 8192;  // FWHT block held in shared memory
+
+// ---- attention (attention.cu) -----------------------------------------------------------------------
+void launch_rope_neox(float* x, const int32_t* pos, int64_t M, int64_t heads, int64_t head_dim, int64_t n_rot,
+                      float theta, cudaStream_t s);
+// Scratch floats the attention needs for M rows and n_heads heads (split-key partials).
+size_t attention_scratch_floats(int64_t M, int64_t n_heads, int64_t head_dim);
+void launch_attention(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
+                      int64_t M, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch,
+                      cudaStream_t s);
+constexpr int64_t kAttentionMaxHeadDim = 512;
+
+// ---- Gated DeltaNet recurrence (gdn.cu) ---------------------------------------------------------------
+void launch_gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                          float* state, float* out, float* snapshots, int64_t M, int64_t n_k_heads, int64_t n_v_heads,
+                          int64_t head_k, int64_t head_v, cudaStream_t s);
+constexpr int64_t kGdnMaxHeadK = 256;
+
+// ---- sampling (topk.cu) -------------------------------------------------------------------------------
+// scratch: at least argmax_scratch_bytes(M) bytes.
+size_t argmax_scratch_bytes(int64_t M);
+void launch_argmax(const float* x, int32_t* ids, int64_t M, int64_t n, void* scratch, cudaStream_t s);
+size_t topk_scratch_bytes(int64_t M, int64_t n, int64_t k);
+void launch_top_k(const float* x, int32_t* ids, float* vals, int64_t M, int64_t n, int64_t k, void* scratch,
+                  cudaStream_t s);
+constexpr int64_t kTopKMax = 64;
+
+// ---- diagnostics (bench.cu) -----------------------------------------------------------------------------
+// Reads n16 16-byte words of src, writes one checksum word per block into sink (grid-stride).
+void launch_read_kernel(const void* src, size_t n16, unsigned* sink, cudaStream_t s);
+
+}  // namespace dflash::cuda

@@ -1,0 +1,178 @@
+// Norms, elementwise ops, strided copies, the GDN gates and short conv, the DFlash grouped conv.
+//
+// Norms: one block per row; thread t sums elements t, t + T, ... in order, then block_sum's fixed
+// tree. T depends on the row length only, never on the number of rows.
+#include <algorithm>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/kernels.h"
+
+namespace dflash::cuda {
+namespace {
+
+inline int norm_threads(int64_t n) { return n >= 1024 ? 256 : 128; }
+
+// mode 0: rms (mean of squares), 1: l2 (sum of squares, times scale), 2: rms gated by silu(z)
+template <int kMode>
+__global__ void norm_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ z,
+                            float* y, int64_t n, float eps, float scale) {
+  __shared__ float sh[32];
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * n;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  ss = block_sum(ss, sh);
+  float inv;
+  if (kMode == 1)
+    inv = 1.0f / sqrtf(ss + eps);
+  else
+    inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  float* yr = y + r * n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = xr[i] * inv;
+    if (kMode == 0)
+      yr[i] = w ? v * w[i] : v;
+    else if (kMode == 1)
+      yr[i] = v * scale;
+    else
+      yr[i] = v * w[i] * silu_f(z[r * n + i]);
+  }
+}
+
+__global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] = a[i] + b[i];
+}
+__global__ void swiglu_kernel(const float* g, const float* u, float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] = silu_f(g[i]) * u[i];
+}
+__global__ void mul_sigmoid_kernel(const float* x, const float* g, float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] = x[i] * sigmoid_f(g[i]);
+}
+
+__global__ void copy_rows_kernel(float* dst, int64_t ds, const float* src, int64_t ss, int64_t rows, int64_t cols) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < cols; c += (int64_t)gridDim.x * blockDim.x)
+      dst[r * ds + c] = src[r * ss + c];
+}
+
+__global__ void gdn_gates_kernel(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M, int64_t H) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i >= M * H) return;
+  const int64_t h = i % H;
+  b[i] = sigmoid_f(b[i]);
+  a[i] = ssm_a[h] * softplus_f(a[i] + dt_bias[h]);
+}
+
+// One thread per channel, rows in order; the last K-1 inputs in a register window (K <= kMaxK).
+constexpr int kMaxK = 16;
+template <int kK>
+__global__ void gdn_conv_kernel(const float* x, float* state, const float* __restrict__ w, float* y, int64_t M,
+                                int64_t C, int K_rt) {
+  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int K = kK > 0 ? kK : K_rt;
+  const int H = K - 1;
+  float win[kMaxK];
+  float wc[kMaxK];
+#pragma unroll
+  for (int j = 0; j < kMaxK; ++j) {
+    win[j] = (j < H) ? state[j * C + c] : 0.0f;
+    wc[j] = (j < K) ? w[c * K + j] : 0.0f;
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    const float xin = x[m * C + c];
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j < H) acc += wc[j] * win[j];
+    float wl = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j == H) wl = wc[j];
+    acc += wl * xin;
+#pragma unroll
+    for (int j = 0; j + 1 < kMaxK; ++j)
+      if (j + 1 < H) win[j] = win[j + 1];
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j == H - 1) win[j] = xin;
+    y[m * C + c] = silu_f(acc);
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxK; ++j)
+    if (j < H) state[j * C + c] = win[j];
+}
+
+__global__ void dflash_conv_kernel(const float* __restrict__ x, const float* __restrict__ base,
+                                   const float* __restrict__ d, int64_t d_stride, const float* res, float* y, int64_t M,
+                                   int64_t C, int64_t K, int64_t group) {
+  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  const int64_t t = blockIdx.y;
+  if (c >= C || t >= M) return;
+  const int64_t G = C / group, g = c / group;
+  const float* dt = d + t * d_stride;
+  float acc = 0.0f;
+  for (int64_t o = 0; o < K && o <= t; ++o) acc += (base[o * C + c] + dt[o * G + g]) * x[(t - o) * C + c];
+  y[t * C + c] = res ? acc + res[t * C + c] : acc;
+}
+
+inline unsigned elem_blocks(int64_t n) {
+  const int64_t b = (n + 255) / 256;
+  return static_cast<unsigned>(b < 65536 ? (b > 0 ? b : 1) : 65536);
+}
+
+}  // namespace
+
+void launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, cudaStream_t s) {
+  if (rows <= 0 || n <= 0) return;
+  norm_kernel<0><<<static_cast<unsigned>(rows), norm_threads(n), 0, s>>>(x, w, nullptr, y, n, eps, 1.0f);
+}
+void launch_l2_norm(const float* x, float* y, int64_t rows, int64_t n, float eps, float scale, cudaStream_t s) {
+  if (rows <= 0 || n <= 0) return;
+  norm_kernel<1><<<static_cast<unsigned>(rows), norm_threads(n), 0, s>>>(x, nullptr, nullptr, y, n, eps, scale);
+}
+void launch_rms_norm_gated(const float* x, const float* w, const float* z, float* y, int64_t rows, int64_t n,
+                           float eps, cudaStream_t s) {
+  if (rows <= 0 || n <= 0) return;
+  norm_kernel<2><<<static_cast<unsigned>(rows), norm_threads(n), 0, s>>>(x, w, z, y, n, eps, 1.0f);
+}
+void launch_add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s) {
+  if (n > 0) add_kernel<<<elem_blocks(n), 256, 0, s>>>(a, b, y, n);
+}
+void launch_swiglu(const float* g, const float* u, float* y, int64_t n, cudaStream_t s) {
+  if (n > 0) swiglu_kernel<<<elem_blocks(n), 256, 0, s>>>(g, u, y, n);
+}
+void launch_mul_sigmoid(const float* x, const float* g, float* y, int64_t n, cudaStream_t s) {
+  if (n > 0) mul_sigmoid_kernel<<<elem_blocks(n), 256, 0, s>>>(x, g, y, n);
+}
+void launch_copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
+                      int64_t cols, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return;
+  const unsigned gx = static_cast<unsigned>(std::min<int64_t>((cols + 255) / 256, 1024));
+  const unsigned gy = static_cast<unsigned>(std::min<int64_t>(rows, 65535));
+  copy_rows_kernel<<<dim3(gx, gy), 256, 0, s>>>(dst, dst_stride, src, src_stride, rows, cols);
+}
+void launch_gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M, int64_t n_v_heads,
+                      cudaStream_t s) {
+  const int64_t n = M * n_v_heads;
+  if (n > 0) gdn_gates_kernel<<<ceil_div_u(n, 256), 256, 0, s>>>(a, b, dt_bias, ssm_a, M, n_v_heads);
+}
+void launch_gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C, int64_t K,
+                     cudaStream_t s) {
+  if (C <= 0) return;
+  if (K == 4)
+    gdn_conv_kernel<4><<<ceil_div_u(C, 128), 128, 0, s>>>(x, state, w, y, M, C, 4);
+  else
+    gdn_conv_kernel<0><<<ceil_div_u(C, 128), 128, 0, s>>>(x, state, w, y, M, C, static_cast<int>(K));
+}
+void launch_dflash_conv(const float* x, const float* base, const float* d, int64_t d_stride, const float* res,
+                        float* y, int64_t M, int64_t C, int64_t K, int64_t group, cudaStream_t s) {
+  if (M <= 0 || C <= 0) return;
+  dflash_conv_kernel<<<dim3(ceil_div_u(C, 256), static_cast<unsigned>(M)), 256, 0, s>>>(x, base, d, d_stride, res,
+                                                                                          y, M, C, K, group);
+}
+
+}  // namespace dflash::cuda

@@ -1,0 +1,493 @@
+// Differential op tests: CUDA vs the CPU reference for every Backend op at several shapes (the 27B
+// shapes included), plus the lossless checks ON THE GPU: an M-row call gives each row the bits of a
+// one-row call (memcmp).
+//
+// Bounds (NMSE vs the CPU, see cuda_test_util.h), and why:
+//   bit-exact: get_rows, copy_rows, hadamard (same butterflies in the same order), argmax, top_k
+//              (exact selections), gdn_gates/elementwise are NOT claimed exact (expf/log1pf differ
+//              from glibc by an ulp or two)
+//   1e-10    : matmul (same dequantized weights; only the fp32 summation order differs: expected
+//              NMSE ~ eps^2 * K / 1000 ~ 1e-13)
+//   1e-11    : norms, elementwise, rope, convs (a few ulp per element)
+//   1e-10    : attention (online vs two-pass softmax; split-key merge)
+//   1e-9     : gdn_recurrent (8-row recurrence of a 128x128 state, different sum trees)
+//   1e-7     : gdn_chunked (CUDA runs the recurrence, the CPU the chunked WY form: equal up to
+//              fp32 rounding of two different algorithms)
+#include <algorithm>
+#include <numeric>
+#include <thread>
+
+#include "cuda_test_util.h"
+#include "ops/cuda/cuda_backend.h"
+#include "quant/types.h"
+
+namespace dflash::cudatest {
+namespace {
+
+// ---- weights ------------------------------------------------------------------------------------
+
+struct HostWeight {
+  GgmlType type;
+  int64_t in, out;
+  std::vector<uint8_t> bytes;
+};
+
+// Random N(0,1) rows quantized by the reference quantizers (threads over rows).
+HostWeight make_weight(GgmlType t, int64_t in, int64_t out, uint32_t seed) {
+  HostWeight w{t, in, out, {}};
+  const size_t rb = row_bytes(t, in);
+  w.bytes.resize(rb * out);
+  const int nt = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> th;
+  for (int k = 0; k < nt; ++k)
+    th.emplace_back([&, k] {
+      std::vector<float> row(in);
+      for (int64_t o = k; o < out; o += nt) {
+        std::mt19937 rng(seed * 1000003u + static_cast<uint32_t>(o));
+        std::normal_distribution<float> d(0.0f, 1.0f);
+        for (auto& v : row) v = d(rng);
+        quantize_row(t, row.data(), w.bytes.data() + rb * o, in);
+      }
+    });
+  for (auto& x : th) x.join();
+  return w;
+}
+
+const GgmlType kAllTypes[] = {GgmlType::F32,   GgmlType::F16,   GgmlType::BF16,  GgmlType::Q8_0, GgmlType::Q4_0,
+                              GgmlType::Q4_K,  GgmlType::Q5_K,  GgmlType::Q6_K,  GgmlType::TQ1_0, GgmlType::TQ2_0,
+                              GgmlType::Q1_0,  GgmlType::Q2_0,  GgmlType::PQ2_0, GgmlType::PTQ1_0};
+
+void matmul_case(GgmlType t, int64_t in, int64_t out, const std::vector<int64_t>& Ms, uint32_t seed) {
+  const HostWeight hw = make_weight(t, in, out, seed);
+  const WeightRef wg = gpu().upload_weight(hw.bytes.data(), t, in, out);
+  const WeightRef wc = cpu().upload_weight(hw.bytes.data(), t, in, out);
+  std::mt19937 rng(seed);
+  for (int64_t M : Ms) {
+    const auto x = randn_vec(rng, M * in);
+    Buf<float> xg(gpu(), x), yg(gpu(), M * out);
+    Buf<float> xc(cpu(), x), yc(cpu(), M * out);
+    gpu().matmul(wg, xg, yg, M);
+    cpu().matmul(wc, xc, yc, M);
+    check(std::string("matmul ") + type_name(t), shape_str({M, in, out}), yg.get(), yc.get(), 1e-10, yg.guard_ok(),
+          cuda::weight_layout(gpu(), wg));
+  }
+}
+
+TEST(CudaMatmul, AllTypesSmall) {
+  REQUIRE_GPU();
+  uint32_t seed = 1;
+  for (GgmlType t : kAllTypes) matmul_case(t, 512, 96, {1, 3, 8, 13}, seed++);
+}
+
+TEST(CudaMatmul, PlainTypesOddK) {
+  REQUIRE_GPU();
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) matmul_case(t, 80, 37, {1, 5, 9}, 7);
+}
+
+// The 27B shapes (SPEC 2.3) for the types that matter.
+TEST(CudaMatmul, Bonsai27BShapes) {
+  REQUIRE_GPU();
+  struct S {
+    int64_t in, out;
+  };
+  const S shapes[] = {{5120, 10240}, {5120, 17408}, {17408, 5120}, {6144, 5120}};
+  uint32_t seed = 100;
+  for (GgmlType t : {GgmlType::PTQ1_0, GgmlType::PQ2_0, GgmlType::Q4_K, GgmlType::Q6_K})
+    for (const S& s : shapes) matmul_case(t, s.in, s.out, {1, 8}, seed++);
+  matmul_case(GgmlType::BF16, 5120, 48, {1, 8}, seed++);   // ssm_alpha / ssm_beta
+  matmul_case(GgmlType::F32, 5120, 1024, {1, 8}, seed++);
+  matmul_case(GgmlType::F16, 5120, 1024, {1, 8}, seed++);
+  matmul_case(GgmlType::PTQ1_0, 5120, 248320, {1}, seed++);  // lm_head
+}
+
+// Lossless on the GPU: each row of an M-row matmul equals the 1-row matmul of that row, bit for bit.
+TEST(CudaMatmul, RowsBitIdenticalToSingleRows) {
+  REQUIRE_GPU();
+  uint32_t seed = 500;
+  for (GgmlType t : kAllTypes) {
+    const int64_t in = 1024, out = 200;
+    const HostWeight hw = make_weight(t, in, out, seed++);
+    const WeightRef w = gpu().upload_weight(hw.bytes.data(), t, in, out);
+    std::mt19937 rng(seed);
+    bool all_same = true;
+    std::string where;
+    for (int64_t M : {2, 5, 8, 13, 64}) {
+      const auto x = randn_vec(rng, M * in);
+      Buf<float> xm(gpu(), x), ym(gpu(), M * out);
+      gpu().matmul(w, xm, ym, M);
+      const auto multi = ym.get();
+      for (int64_t m = 0; m < M; ++m) {
+        Buf<float> x1(gpu(), std::vector<float>(x.begin() + m * in, x.begin() + (m + 1) * in)), y1(gpu(), out);
+        gpu().matmul(w, x1, y1, 1);
+        const auto one = y1.get();
+        if (std::memcmp(one.data(), multi.data() + m * out, out * 4) != 0) {
+          all_same = false;
+          where += " M=" + std::to_string(M) + ",row=" + std::to_string(m);
+        }
+      }
+    }
+    record({std::string("matmul M-row==1-row ") + type_name(t), "M in {2,5,8,13,64}, 1024x200", 0, 0, 0, all_same,
+            all_same ? "memcmp equal" : "differs at" + where});
+    EXPECT_TRUE(all_same) << type_name(t) << where;
+  }
+}
+
+TEST(CudaOps, GetRows) {
+  REQUIRE_GPU();
+  uint32_t seed = 900;
+  for (GgmlType t : kAllTypes) {
+    const int64_t in = 512, out = 300;
+    const HostWeight hw = make_weight(t, in, out, seed++);
+    const WeightRef wg = gpu().upload_weight(hw.bytes.data(), t, in, out);
+    const WeightRef wc = cpu().upload_weight(hw.bytes.data(), t, in, out);
+    const std::vector<int32_t> ids = {0, 299, 17, 17, 150};
+    Buf<int32_t> ig(gpu(), ids), ic(cpu(), ids);
+    Buf<float> yg(gpu(), ids.size() * in), yc(cpu(), ids.size() * in);
+    gpu().get_rows(wg, ig, yg, ids.size());
+    cpu().get_rows(wc, ic, yc, ids.size());
+    check(std::string("get_rows ") + type_name(t), shape_str({5, in}), yg.get(), yc.get(), 0, yg.guard_ok());
+  }
+}
+
+// ---- norms and elementwise ------------------------------------------------------------------------
+
+TEST(CudaOps, Norms) {
+  REQUIRE_GPU();
+  std::mt19937 rng(11);
+  for (auto [rows, n] : {std::pair<int64_t, int64_t>{7, 5120}, {24 * 3, 256}, {5, 100}}) {
+    const auto x = randn_vec(rng, rows * n, 3.0f), w = rand_vec(rng, n, 0.5f, 1.5f);
+    for (bool with_w : {true, false}) {
+      Buf<float> xg(gpu(), x), wg(gpu(), w), yg(gpu(), rows * n);
+      Buf<float> xc(cpu(), x), wc(cpu(), w), yc(cpu(), rows * n);
+      gpu().rms_norm(xg, with_w ? wg.get_ptr() : nullptr, yg, rows, n, 1e-6f);
+      cpu().rms_norm(xc, with_w ? wc.get_ptr() : nullptr, yc, rows, n, 1e-6f);
+      check(with_w ? "rms_norm" : "rms_norm (no weight)", shape_str({rows, n}), yg.get(), yc.get(), 1e-11,
+            yg.guard_ok());
+    }
+    {  // in place
+      Buf<float> xg(gpu(), x), wg(gpu(), w);
+      Buf<float> xc(cpu(), x), wc(cpu(), w);
+      gpu().rms_norm(xg, wg, xg, rows, n, 1e-6f);
+      cpu().rms_norm(xc, wc, xc, rows, n, 1e-6f);
+      check("rms_norm (in place)", shape_str({rows, n}), xg.get(), xc.get(), 1e-11, xg.guard_ok());
+    }
+  }
+  {
+    const int64_t rows = 16 * 8, n = 128;
+    const auto x = randn_vec(rng, rows * n);
+    Buf<float> xg(gpu(), x), xc(cpu(), x);
+    gpu().l2_norm(xg, xg, rows, n, 1e-6f, 0.0883883f);
+    cpu().l2_norm(xc, xc, rows, n, 1e-6f, 0.0883883f);
+    check("l2_norm", shape_str({rows, n}), xg.get(), xc.get(), 1e-11, xg.guard_ok());
+  }
+  {
+    const int64_t rows = 48 * 8, n = 128;
+    const auto x = randn_vec(rng, rows * n), z = randn_vec(rng, rows * n, 2.0f), w = rand_vec(rng, n, 0.5f, 1.5f);
+    Buf<float> xg(gpu(), x), zg(gpu(), z), wg(gpu(), w), yg(gpu(), rows * n);
+    Buf<float> xc(cpu(), x), zc(cpu(), z), wc(cpu(), w), yc(cpu(), rows * n);
+    gpu().rms_norm_gated(xg, wg, zg, yg, rows, n, 1e-6f);
+    cpu().rms_norm_gated(xc, wc, zc, yc, rows, n, 1e-6f);
+    check("rms_norm_gated", shape_str({rows, n}), yg.get(), yc.get(), 1e-11, yg.guard_ok());
+  }
+}
+
+TEST(CudaOps, Elementwise) {
+  REQUIRE_GPU();
+  std::mt19937 rng(12);
+  const int64_t n = 17408 * 8 + 3;
+  const auto a = randn_vec(rng, n, 4.0f), b = randn_vec(rng, n, 4.0f);
+  Buf<float> ag(gpu(), a), bg(gpu(), b), yg(gpu(), n);
+  Buf<float> ac(cpu(), a), bc(cpu(), b), yc(cpu(), n);
+  gpu().add(ag, bg, yg, n);
+  cpu().add(ac, bc, yc, n);
+  check("add", shape_str({n}), yg.get(), yc.get(), 0, yg.guard_ok());
+  gpu().swiglu(ag, bg, yg, n);
+  cpu().swiglu(ac, bc, yc, n);
+  check("swiglu", shape_str({n}), yg.get(), yc.get(), 1e-11, yg.guard_ok());
+  gpu().mul_sigmoid(ag, bg, yg, n);
+  cpu().mul_sigmoid(ac, bc, yc, n);
+  check("mul_sigmoid", shape_str({n}), yg.get(), yc.get(), 1e-11, yg.guard_ok());
+
+  // copy_rows: split [M*H, 2*hd] into q (as the qwen35 attention block does)
+  const int64_t rows = 24 * 5, hd = 256;
+  const auto src = randn_vec(rng, rows * 2 * hd);
+  Buf<float> sg(gpu(), src), dg(gpu(), rows * hd), sc(cpu(), src), dc(cpu(), rows * hd);
+  gpu().copy_rows(dg, hd, sg.get_ptr() + hd, 2 * hd, rows, hd);
+  cpu().copy_rows(dc, hd, sc.get_ptr() + hd, 2 * hd, rows, hd);
+  check("copy_rows", shape_str({rows, hd}), dg.get(), dc.get(), 0, dg.guard_ok());
+}
+
+// ---- Hadamard -------------------------------------------------------------------------------------
+
+TEST(CudaOps, Hadamard) {
+  REQUIRE_GPU();
+  std::mt19937 rng(13);
+  struct C {
+    int64_t rows, n, block;
+  };
+  for (const C c : {C{3, 6144, 1024}, C{8, 17408, 1024}, C{2, 256, 128}, C{5, 5120, 1024}}) {
+    const auto x = randn_vec(rng, c.rows * c.n);
+    std::vector<float> signs(c.n);
+    for (auto& s : signs) s = (rng() & 1) ? 1.0f : -1.0f;
+    std::vector<int32_t> perm(c.n);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    Buf<float> sg(gpu(), signs), sc(cpu(), signs);
+    Buf<int32_t> pg(gpu(), perm), pc(cpu(), perm);
+    const std::string shp = shape_str({c.rows, c.n, c.block});
+    for (int mode = 0; mode < 4; ++mode) {  // forward, forward+perm, forward+perm in place, inverse
+      Buf<float> xg(gpu(), x), yg(gpu(), c.rows * c.n), xc(cpu(), x), yc(cpu(), c.rows * c.n);
+      const bool inverse = mode == 3, use_perm = mode == 1 || mode == 2, in_place = mode == 2;
+      float* outg = in_place ? xg.get_ptr() : yg.get_ptr();
+      float* outc = in_place ? xc.get_ptr() : yc.get_ptr();
+      gpu().hadamard(xg, sg, use_perm ? pg.get_ptr() : nullptr, outg, c.rows, c.n, c.block, inverse);
+      cpu().hadamard(xc, sc, use_perm ? pc.get_ptr() : nullptr, outc, c.rows, c.n, c.block, inverse);
+      const char* names[] = {"hadamard fwd", "hadamard fwd+perm", "hadamard fwd+perm in place", "hadamard inverse"};
+      check(names[mode], shp, in_place ? xg.get() : yg.get(), in_place ? xc.get() : yc.get(), 0,
+            in_place ? xg.guard_ok() : yg.guard_ok());
+    }
+  }
+}
+
+// ---- attention ------------------------------------------------------------------------------------
+
+TEST(CudaOps, Rope) {
+  REQUIRE_GPU();
+  std::mt19937 rng(14);
+  for (auto [heads, hd, rot] : {std::tuple<int64_t, int64_t, int64_t>{24, 256, 64}, {4, 64, 16}, {32, 128, 128}}) {
+    const int64_t M = 6;
+    const auto x = randn_vec(rng, M * heads * hd);
+    const std::vector<int32_t> pos = {0, 1, 77, 4095, 131071, 262143};
+    Buf<float> xg(gpu(), x), xc(cpu(), x);
+    Buf<int32_t> pg(gpu(), pos), pc(cpu(), pos);
+    gpu().rope_neox(xg, pg, M, heads, hd, rot, 1e7f);
+    cpu().rope_neox(xc, pc, M, heads, hd, rot, 1e7f);
+    check("rope_neox", shape_str({M, heads, hd, rot}), xg.get(), xc.get(), 1e-11, xg.guard_ok());
+  }
+}
+
+void attention_case(int64_t M, int64_t H, int64_t Hkv, int64_t D, int64_t n_keys, std::vector<int32_t> ranges,
+                    uint32_t seed, const std::string& what) {
+  std::mt19937 rng(seed);
+  const auto q = randn_vec(rng, M * H * D), k = randn_vec(rng, n_keys * Hkv * D), v = randn_vec(rng, n_keys * Hkv * D);
+  Buf<float> qg(gpu(), q), kg(gpu(), k), vg(gpu(), v), og(gpu(), M * H * D);
+  Buf<float> qc(cpu(), q), kc(cpu(), k), vc(cpu(), v), oc(cpu(), M * H * D);
+  Buf<int32_t> rg(gpu(), ranges), rc(cpu(), ranges);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  gpu().attention(qg, kg, vg, rg, og, M, H, Hkv, D, scale);
+  cpu().attention(qc, kc, vc, rc, oc, M, H, Hkv, D, scale);
+  check("attention " + what, shape_str({M, H, Hkv, D, n_keys}), og.get(), oc.get(), 1e-10, og.guard_ok());
+  // lossless: each row alone (same range) gives the same bits
+  const auto multi = og.get();
+  bool same = true;
+  for (int64_t m = 0; m < M; ++m) {
+    Buf<float> q1(gpu(), std::vector<float>(q.begin() + m * H * D, q.begin() + (m + 1) * H * D)), o1(gpu(), H * D);
+    Buf<int32_t> r1(gpu(), std::vector<int32_t>{ranges[2 * m], ranges[2 * m + 1]});
+    gpu().attention(q1, kg, vg, r1, o1, 1, H, Hkv, D, scale);
+    same = same && std::memcmp(o1.get().data(), multi.data() + m * H * D, H * D * 4) == 0;
+  }
+  record({"attention M-row==1-row " + what, shape_str({M, H, Hkv, D}), 0, 0, 0, same, same ? "memcmp equal" : "differs"});
+  EXPECT_TRUE(same) << what;
+}
+
+TEST(CudaOps, Attention) {
+  REQUIRE_GPU();
+  // verify: 8 causal rows after 300 cached keys (27B shape)
+  std::vector<int32_t> r;
+  for (int m = 0; m < 8; ++m) r.insert(r.end(), {0, 300 + m + 1});
+  attention_case(8, 24, 4, 256, 400, r, 21, "verify 27B");
+  attention_case(1, 24, 4, 256, 5000, {0, 4999}, 22, "decode long");
+  attention_case(3, 32, 8, 128, 100, {0, 1, 5, 60, 0, 100}, 23, "drafter-like");
+  attention_case(4, 4, 2, 64, 50, {0, 0, 0, 7, 3, 9, 0, 50}, 24, "tiny with empty range");
+  attention_case(2, 4, 2, 16, 40, {0, 33, 0, 40}, 25, "head_dim 16");
+}
+
+// ---- Gated DeltaNet -------------------------------------------------------------------------------
+
+TEST(CudaOps, GdnConvAndGates) {
+  REQUIRE_GPU();
+  std::mt19937 rng(31);
+  for (auto [M, C, K] : {std::tuple<int64_t, int64_t, int64_t>{8, 10240, 4}, {1, 10240, 4}, {5, 300, 3}}) {
+    const auto x = randn_vec(rng, M * C), st = randn_vec(rng, (K - 1) * C), w = randn_vec(rng, C * K, 0.5f);
+    Buf<float> xg(gpu(), x), sg(gpu(), st), wg(gpu(), w), yg(gpu(), M * C);
+    Buf<float> xc(cpu(), x), sc(cpu(), st), wc(cpu(), w), yc(cpu(), M * C);
+    gpu().gdn_conv(xg, sg, wg, yg, M, C, K);
+    cpu().gdn_conv(xc, sc, wc, yc, M, C, K);
+    check("gdn_conv out", shape_str({M, C, K}), yg.get(), yc.get(), 1e-11, yg.guard_ok());
+    check("gdn_conv state", shape_str({M, C, K}), sg.get(), sc.get(), 0, sg.guard_ok());
+    // in place (y == x), and M rows == M one-row calls (state carried)
+    Buf<float> x2(gpu(), x), s2(gpu(), st);
+    gpu().gdn_conv(x2, s2, wg, x2, M, C, K);
+    Buf<float> s3(gpu(), st), y3(gpu(), C);
+    std::vector<float> rows;
+    for (int64_t m = 0; m < M; ++m) {
+      Buf<float> x1(gpu(), std::vector<float>(x.begin() + m * C, x.begin() + (m + 1) * C));
+      gpu().gdn_conv(x1, s3, wg, y3, 1, C, K);
+      const auto y = y3.get();
+      rows.insert(rows.end(), y.begin(), y.end());
+    }
+    const bool same = x2.get() == yg.get() && rows == yg.get();
+    record({"gdn_conv in-place & M-row==1-row", shape_str({M, C, K}), 0, 0, 0, same, same ? "equal" : "differs"});
+    EXPECT_TRUE(same);
+  }
+  {
+    const int64_t M = 8, H = 48;
+    const auto a = randn_vec(rng, M * H, 3.0f), b = randn_vec(rng, M * H, 3.0f), dt = randn_vec(rng, H),
+               sa = rand_vec(rng, H, -8.0f, -0.01f);
+    Buf<float> ag(gpu(), a), bg(gpu(), b), dg(gpu(), dt), sg(gpu(), sa);
+    Buf<float> ac(cpu(), a), bc(cpu(), b), dc(cpu(), dt), sc(cpu(), sa);
+    gpu().gdn_gates(ag, bg, dg, sg, M, H);
+    cpu().gdn_gates(ac, bc, dc, sc, M, H);
+    check("gdn_gates g", shape_str({M, H}), ag.get(), ac.get(), 1e-11, ag.guard_ok());
+    check("gdn_gates beta", shape_str({M, H}), bg.get(), bc.get(), 1e-11, bg.guard_ok());
+  }
+}
+
+struct GdnInputs {
+  std::vector<float> q, k, v, g, beta, state;
+};
+GdnInputs gdn_inputs(const GdnShape& s, int64_t M, std::mt19937& rng) {
+  GdnInputs in;
+  auto l2 = [&](std::vector<float>& x, int64_t rows, int64_t n, float scale) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int64_t i = 0; i < n; ++i) ss += double(x[r * n + i]) * x[r * n + i];
+      for (int64_t i = 0; i < n; ++i) x[r * n + i] = static_cast<float>(x[r * n + i] / std::sqrt(ss + 1e-6) * scale);
+    }
+  };
+  in.q = randn_vec(rng, M * s.n_k_heads * s.head_k);
+  in.k = randn_vec(rng, M * s.n_k_heads * s.head_k);
+  l2(in.q, M * s.n_k_heads, s.head_k, 1.0f / std::sqrt(float(s.head_k)));
+  l2(in.k, M * s.n_k_heads, s.head_k, 1.0f);
+  in.v = randn_vec(rng, M * s.n_v_heads * s.head_v);
+  in.g = rand_vec(rng, M * s.n_v_heads, -0.7f, -0.001f);
+  in.beta = rand_vec(rng, M * s.n_v_heads, 0.05f, 0.95f);
+  in.state = randn_vec(rng, s.n_v_heads * s.head_k * s.head_v, 0.3f);
+  return in;
+}
+
+TEST(CudaOps, GdnRecurrent) {
+  REQUIRE_GPU();
+  std::mt19937 rng(32);
+  for (const GdnShape s : {GdnShape{16, 48, 128, 128}, GdnShape{2, 4, 32, 64}, GdnShape{2, 4, 16, 16}}) {
+    const int64_t M = 8;
+    const GdnInputs in = gdn_inputs(s, M, rng);
+    const int64_t hs = s.n_v_heads * s.head_k * s.head_v;
+    Buf<float> qg(gpu(), in.q), kg(gpu(), in.k), vg(gpu(), in.v), gg(gpu(), in.g), bg(gpu(), in.beta),
+        sg(gpu(), in.state), og(gpu(), M * s.n_v_heads * s.head_v), snapg(gpu(), M * hs);
+    Buf<float> qc(cpu(), in.q), kc(cpu(), in.k), vc(cpu(), in.v), gc(cpu(), in.g), bc(cpu(), in.beta),
+        sc(cpu(), in.state), oc(cpu(), M * s.n_v_heads * s.head_v), snapc(cpu(), M * hs);
+    gpu().gdn_recurrent(qg, kg, vg, gg, bg, sg, og, snapg, M, s);
+    cpu().gdn_recurrent(qc, kc, vc, gc, bc, sc, oc, snapc, M, s);
+    const std::string shp = shape_str({M, s.n_k_heads, s.n_v_heads, s.head_k, s.head_v});
+    check("gdn_recurrent out", shp, og.get(), oc.get(), 1e-9, og.guard_ok());
+    check("gdn_recurrent state", shp, sg.get(), sc.get(), 1e-9, sg.guard_ok());
+    check("gdn_recurrent snapshots", shp, snapg.get(), snapc.get(), 1e-9, snapg.guard_ok());
+    // verify == decode: M one-row calls carrying the state give the same bits as the M-row call
+    Buf<float> s1(gpu(), in.state), o1(gpu(), s.n_v_heads * s.head_v);
+    std::vector<float> outs;
+    bool snaps_same = true;
+    const auto snap_multi = snapg.get();
+    for (int64_t m = 0; m < M; ++m) {
+      auto row = [&](const std::vector<float>& a, int64_t w) {
+        return std::vector<float>(a.begin() + m * w, a.begin() + (m + 1) * w);
+      };
+      Buf<float> q1(gpu(), row(in.q, s.n_k_heads * s.head_k)), k1(gpu(), row(in.k, s.n_k_heads * s.head_k)),
+          v1(gpu(), row(in.v, s.n_v_heads * s.head_v)), g1(gpu(), row(in.g, s.n_v_heads)),
+          b1(gpu(), row(in.beta, s.n_v_heads));
+      gpu().gdn_recurrent(q1, k1, v1, g1, b1, s1, o1, nullptr, 1, s);
+      const auto o = o1.get();
+      outs.insert(outs.end(), o.begin(), o.end());
+      snaps_same = snaps_same && std::memcmp(s1.get().data(), snap_multi.data() + m * hs, hs * 4) == 0;
+    }
+    const bool same = outs == og.get() && snaps_same;
+    record({"gdn_recurrent M-row==1-row", shp, 0, 0, 0, same, same ? "out + per-row state memcmp equal" : "differs"});
+    EXPECT_TRUE(same);
+  }
+}
+
+TEST(CudaOps, GdnChunked) {
+  REQUIRE_GPU();
+  std::mt19937 rng(33);
+  const GdnShape s{16, 48, 128, 128};
+  const int64_t M = 70;
+  const GdnInputs in = gdn_inputs(s, M, rng);
+  Buf<float> qg(gpu(), in.q), kg(gpu(), in.k), vg(gpu(), in.v), gg(gpu(), in.g), bg(gpu(), in.beta),
+      sg(gpu(), in.state), og(gpu(), M * s.n_v_heads * s.head_v);
+  Buf<float> qc(cpu(), in.q), kc(cpu(), in.k), vc(cpu(), in.v), gc(cpu(), in.g), bc(cpu(), in.beta),
+      sc(cpu(), in.state), oc(cpu(), M * s.n_v_heads * s.head_v);
+  gpu().gdn_chunked(qg, kg, vg, gg, bg, sg, og, M, s);
+  cpu().gdn_chunked(qc, kc, vc, gc, bc, sc, oc, M, s);
+  check("gdn_chunked out (vs CPU chunked)", shape_str({M, 16, 48, 128, 128}), og.get(), oc.get(), 1e-7, og.guard_ok(),
+        "CUDA runs the recurrence");
+  check("gdn_chunked state", shape_str({M, 16, 48, 128, 128}), sg.get(), sc.get(), 1e-7, sg.guard_ok());
+}
+
+// ---- sampling -------------------------------------------------------------------------------------
+
+TEST(CudaOps, ArgmaxTopK) {
+  REQUIRE_GPU();
+  std::mt19937 rng(41);
+  const int64_t M = 7, n = 248320;
+  auto x = randn_vec(rng, M * n, 3.0f);
+  // ties: row 1 has its max twice, row 2 has many equal values around the top
+  const float top = 100.0f;
+  x[1 * n + 5000] = top;
+  x[1 * n + 200] = top;
+  for (int i = 0; i < 40; ++i) x[2 * n + 1000 * i + 7] = 50.0f;
+  x[3 * n + n - 1] = top;  // max at the very end
+  Buf<float> xg(gpu(), x), xc(cpu(), x);
+  Buf<int32_t> ag(gpu(), M), ac(cpu(), M);
+  gpu().argmax(xg, ag, M, n);
+  cpu().argmax(xc, ac, M, n);
+  const bool am = ag.get() == ac.get();
+  record({"argmax", shape_str({M, n}), 0, 0, 0, am && ag.guard_ok(), am ? "ids equal" : "ids differ"});
+  EXPECT_TRUE(am);
+  for (int64_t k : {1, 16, 64}) {
+    Buf<int32_t> ig(gpu(), M * k), ic(cpu(), M * k);
+    Buf<float> vg(gpu(), M * k), vc(cpu(), M * k);
+    gpu().top_k(xg, ig, vg, M, n, k);
+    cpu().top_k(xc, ic, vc, M, n, k);
+    const bool same = ig.get() == ic.get() && vg.get() == vc.get();
+    record({"top_k k=" + std::to_string(k), shape_str({M, n}), 0, 0, 0, same && ig.guard_ok() && vg.guard_ok(),
+            same ? "ids and values equal" : "differ"});
+    EXPECT_TRUE(same) << k;
+  }
+  {  // short rows
+    const int64_t M2 = 3, n2 = 100;
+    const auto y = randn_vec(rng, M2 * n2);
+    Buf<float> yg(gpu(), y), yc(cpu(), y);
+    Buf<int32_t> ig(gpu(), M2 * 20), ic(cpu(), M2 * 20);
+    Buf<float> vg(gpu(), M2 * 20), vc(cpu(), M2 * 20);
+    gpu().top_k(yg, ig, vg, M2, n2, 20);
+    cpu().top_k(yc, ic, vc, M2, n2, 20);
+    const bool same = ig.get() == ic.get() && vg.get() == vc.get();
+    record({"top_k k=20", shape_str({M2, n2}), 0, 0, 0, same, same ? "ids and values equal" : "differ"});
+    EXPECT_TRUE(same);
+  }
+}
+
+// ---- DFlash conv ----------------------------------------------------------------------------------
+
+TEST(CudaOps, DflashConv) {
+  REQUIRE_GPU();
+  std::mt19937 rng(51);
+  const int64_t M = 8, C = 5120, K = 2, group = 16, G = C / group;
+  const int64_t d_stride = 2 * K * G;  // conv_proj output [M, 2 stages * K * G]
+  const auto x = randn_vec(rng, M * C), base = randn_vec(rng, 2 * K * C, 0.5f), d = randn_vec(rng, M * d_stride, 0.2f),
+             res = randn_vec(rng, M * C);
+  for (int stage = 0; stage < 2; ++stage)
+    for (bool with_res : {false, true}) {
+      Buf<float> xg(gpu(), x), bg(gpu(), base), dg(gpu(), d), rg(gpu(), res), yg(gpu(), M * C);
+      Buf<float> xc(cpu(), x), bc(cpu(), base), dc(cpu(), d), rc(cpu(), res), yc(cpu(), M * C);
+      gpu().dflash_conv(xg, bg.get_ptr() + stage * K * C, dg.get_ptr() + stage * K * G, d_stride,
+                        with_res ? rg.get_ptr() : nullptr, yg, M, C, K, group);
+      cpu().dflash_conv(xc, bc.get_ptr() + stage * K * C, dc.get_ptr() + stage * K * G, d_stride,
+                        with_res ? rc.get_ptr() : nullptr, yc, M, C, K, group);
+      check(std::string("dflash_conv stage ") + std::to_string(stage) + (with_res ? " +res" : ""),
+            shape_str({M, C, K, group}), yg.get(), yc.get(), 1e-11, yg.guard_ok());
+    }
+}
+
+}  // namespace
+}  // namespace dflash::cudatest
