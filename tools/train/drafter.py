@@ -253,3 +253,42 @@ def quantize_in_place(dr: Drafter, heavy_layers=(2, 4)):
             rt(prm)
         rt(L.wv, heavy)
         rt(L.ffn_down, heavy)
+
+
+def load_drafter_gguf(path, device="cpu"):
+    """The inverse of export_drafter(): a Drafter with the file's (dequantized) weights."""
+    r = G.GGUFReader(path)
+    kv = r.kv
+    p = "dflash."
+    c = DrafterConfig(n_embd=kv[p + "embedding_length"], n_vocab=r.tensors["selector_predecessor.weight"][1][1],
+                      n_layer=kv[p + "block_count"], n_head=kv[p + "attention.head_count"],
+                      n_head_kv=kv[p + "attention.head_count_kv"], head_dim=kv[p + "attention.key_length"],
+                      n_ff=kv[p + "feed_forward_length"], block=kv[p + "block_size"],
+                      taps=[int(x) for x in kv[p + "target_layers"]], conv_kernel=kv[p + "conv_kernel_size"],
+                      conv_group=kv[p + "conv_group_size"], rank=kv[p + "selector_rank"],
+                      top_k=kv[p + "selector_top_k"], window=kv[p + "attention.sliding_window"],
+                      rope_theta=kv[p + "rope.freq_base"], rms_eps=kv[p + "attention.layer_norm_rms_epsilon"],
+                      mask_token=kv["tokenizer.ggml.mask_token_id"], n_ctx_train=kv[p + "context_length"])
+    dr = Drafter(c)
+
+    def T(name):
+        return torch.from_numpy(np.ascontiguousarray(r.f32(name)))
+
+    with torch.no_grad():
+        dr.fc.copy_(T("fc.weight"))
+        dr.enc_norm.copy_(T("enc.output_norm.weight"))
+        dr.out_norm.copy_(T("output_norm.weight"))
+        dr.sel_hidden.copy_(T("selector_hidden.weight"))
+        dr.pred.copy_(T("selector_predecessor.weight"))
+        dr.succ.copy_(T("selector_successor.weight"))
+        for il, L in enumerate(dr.layers):
+            b = f"blk.{il}."
+            for nm, prm in (("attn_norm.weight", L.attn_norm), ("attn_conv_base", L.attn_conv_base),
+                            ("attn_conv_proj.weight", L.attn_conv_proj), ("attn_q.weight", L.wq),
+                            ("attn_k.weight", L.wk), ("attn_v.weight", L.wv), ("attn_q_norm.weight", L.q_norm),
+                            ("attn_k_norm.weight", L.k_norm), ("attn_output.weight", L.wo),
+                            ("ffn_norm.weight", L.ffn_norm), ("ffn_conv_base", L.ffn_conv_base),
+                            ("ffn_conv_proj.weight", L.ffn_conv_proj), ("ffn_gate.weight", L.ffn_gate),
+                            ("ffn_up.weight", L.ffn_up), ("ffn_down.weight", L.ffn_down)):
+                prm.copy_(T(b + nm).reshape(prm.shape))
+    return dr.to(device)

@@ -152,6 +152,50 @@ def test_target(dflash, work):
     check(json.loads(res2.stdout)["tokens"] == theirs, "PQ2_0 export: same greedy tokens as PTQ1_0")
 
 
+def test_drafter(probe, work):
+    """A random (scrambled) drafter for the tiny target: the engine's draft trace == our forward."""
+    from drafter import Drafter, DrafterConfig, export_drafter, load_drafter_gguf
+    from export_target import load_target_gguf
+    tpath = os.path.join(work, "tiny.gguf")
+    target, tok = load_target_gguf(tpath)
+    target.eval()
+    target.freeze()
+    dc = DrafterConfig(n_embd=256, n_vocab=target.cfg.n_vocab, n_layer=2, n_head=4, n_head_kv=2, head_dim=64,
+                       n_ff=512, taps=[3, 1, 2, 0, 2], mask_token=tok["mask"], rank=256, window=20)
+    dr = Drafter(dc)
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for name, p in dr.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+            elif "conv_base" in name:
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+            elif name in ("pred", "succ"):
+                p.copy_(torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * (1.0 / p.shape[-1] ** 0.5))
+    dpath = os.path.join(work, "tiny-drafter.gguf")
+    export_drafter(dr, dpath)
+    dq = load_drafter_gguf(dpath)
+    ids = [int(t) for t in torch.randint(0, 256, (40,), generator=g)]
+    P = 33  # > window: the sliding window masks the oldest context rows
+    out = os.path.join(work, "probe")
+    subprocess.run([probe, tpath, dpath, ",".join(map(str, ids)), str(P), out], check=True)
+    hid = np.fromfile(out + ".hidden", np.float32).reshape(8, -1)
+    lg = np.fromfile(out + ".logits", np.float32).reshape(7, -1)
+    toks = np.fromfile(out + ".tokens", np.int32).tolist()
+    with torch.no_grad():
+        _, taps = target(torch.tensor([ids[:P]]), taps=tuple(dc.taps), logits=False)
+        blk = torch.full((1, 1, 8), dc.mask_token)
+        blk[0, 0, 0] = ids[P]
+        h = dq(target, taps, blk, torch.tensor([[P]]))[0, 0]
+        logits = target.lm_head(h[1:])
+        drafts = dq.walk(h[None, 1:], logits[None], torch.tensor([ids[P]]))[0].tolist()
+    check(rel(hid, h.numpy()) < 1e-4, f"drafter hidden: engine == torch ({rel(hid, h.numpy()):.2e})")
+    check(rel(lg, logits.numpy()) < 1e-4, f"drafter logits: engine == torch ({rel(lg, logits.numpy()):.2e})")
+    check(toks == drafts, f"drafter tokens: engine {toks} torch {drafts}")
+
+
 def test_kquants(dflash, work):
     rng = np.random.default_rng(1)
     w = G.GGUFWriter()
@@ -176,10 +220,13 @@ def test_kquants(dflash, work):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--dflash", required=True)
+    ap.add_argument("--probe", help="drafter_probe binary (tools/train/probe/build.sh)")
     a = ap.parse_args()
     test_delta_rule()
     with tempfile.TemporaryDirectory() as work:
         test_target(a.dflash, work)
         test_kquants(a.dflash, work)
+        if a.probe:
+            test_drafter(a.probe, work)
     print(f"{len(FAIL)} failed")
     sys.exit(1 if FAIL else 0)

@@ -161,6 +161,7 @@ def main():
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--lam", type=float, default=0.5)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--ckpt", default="/tmp/drafter.pt", help="where the float drafter checkpoint goes")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     fh = open(os.path.join(a.out, "drafter_train.log"), "w")
@@ -236,8 +237,7 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = False
     res["eval_float"] = evaluate(dr, target, eseqs, evalid, P, 16, taps_ids)
     log(f"eval float: {json.dumps(res['eval_float'])}", fh)
-    torch.save({"cfg": asdict(dc), "model": dr.state_dict()}, os.path.join(a.out, "drafter.pt") if a.tiny else
-               "/tmp/drafter.pt")
+    torch.save({"cfg": asdict(dc), "model": dr.state_dict()}, a.ckpt)
     export_drafter(dr, os.path.join(a.out, "drafter.gguf"))
     log(f"exported {os.path.getsize(os.path.join(a.out, 'drafter.gguf'))} bytes", fh)
     quantize_in_place(dr)
