@@ -355,6 +355,13 @@ bool add_tokenizer(gguf::Writer& w, const std::string& dir, int64_t n_vocab, con
   const json& model = tj["model"];
   const std::string mtype = model.value("type", "BPE");
   DFLASH_CHECK(mtype == "BPE", "{}: model type '{}' is not supported (byte-level BPE only)", tp, mtype);
+  DFLASH_CHECK(!(model.contains("ignore_merges") && model["ignore_merges"] == true) &&
+                   !(model.contains("byte_fallback") && model["byte_fallback"] == true),
+               "{}: BPE with ignore_merges or byte_fallback is not supported (byte-level BPE with merges only)", tp);
+  if (tj.contains("normalizer") && !tj["normalizer"].is_null() && log)
+    log(fmt::format("note: tokenizer.json has a {} normalizer, which dflash's tokenizer does not apply (as llama.cpp); "
+                    "text that is not already normalized may tokenize differently",
+                    tj["normalizer"].is_object() ? tj["normalizer"].value("type", "?") : "?"));
 
   // Pre-tokenizer: must be one of the two regexes we implement.
   std::vector<std::string> regexes;

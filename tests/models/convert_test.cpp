@@ -710,6 +710,36 @@ TEST(Convert, PrismTernaryRuns) {
   for (float v : logits) ASSERT_TRUE(std::isfinite(v));
 }
 
+TEST(Convert, BonsaiLayoutCounts) {
+  // The 27B's structure (64 layers, attention every 4th) at tiny widths: with --prism --type ptq1_0 the
+  // file has Ternary Bonsai 2's layout (SPEC 2.1, 3): 851 tensors = 402 PTQ1_0 (every layer matmul,
+  // token_embd, output) + 96 BF16 (ssm_alpha/beta) + 353 F32; 401 rotated names.
+  FakeModel m;
+  m.n_layer = 64;
+  m.E = 128;
+  m.FF = 256;
+  m.hd = 64;
+  m.Hk = 2;
+  m.Hv = 8;
+  m.dk = 16;
+  m.dv = 16;
+  m.V = 64;
+  m.tokenizer = false;
+  m.build();
+  ConvertOptions o;
+  o.prism = true;
+  o.type = GgmlType::PTQ1_0;
+  const Converted c = convert(m, "bonsai_layout", o);
+  std::map<GgmlType, int> by_type;
+  for (const gguf::TensorInfo& t : c.file->tensors()) ++by_type[t.type];
+  EXPECT_EQ(c.file->tensors().size(), 851u);
+  EXPECT_EQ(by_type[GgmlType::PTQ1_0], 402);
+  EXPECT_EQ(by_type[GgmlType::BF16], 96);
+  EXPECT_EQ(by_type[GgmlType::F32], 353);
+  EXPECT_EQ(c.file->get_string_array("prism.hadamard.weight_names").size(), 401u);
+  EXPECT_EQ(c.file->get_int("qwen35.full_attention_interval"), 4);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Errors
 
