@@ -383,7 +383,12 @@ INSTANTIATE_TEST_SUITE_P(Variants, DrafterForwardTest,
                                            ForwardCase{true, false, 6, GgmlType::F32},
                                            ForwardCase{true, true, 4, GgmlType::F32},
                                            ForwardCase{false, false, 0, GgmlType::F32},
-                                           ForwardCase{true, false, 9, GgmlType::Q8_0}));
+                                           ForwardCase{true, false, 9, GgmlType::Q8_0}),
+                         [](const ::testing::TestParamInfo<ForwardCase>& i) {
+                           const ForwardCase& c = i.param;
+                           return std::string(c.dflash2 ? "dflash2" : "dflash1") + (c.causal ? "_causal" : "") +
+                                  "_window" + std::to_string(c.window) + "_" + type_name(c.type);
+                         });
 
 // ---------------------------------------------------------------------------------------------
 // Context window
