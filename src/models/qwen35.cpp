@@ -237,7 +237,9 @@ void Qwen35Model::load_weights(const gguf::File& file) {
   prism_ = prism::PrismRotation::from_gguf(file);
   if (prism_) {
     rot_embd_ = prism_->is_inverse("token_embd.weight");
-    rot_output_ = prism_->is_rotated(file.find_tensor("output.weight") ? "output.weight" : "token_embd.weight");
+    // A tied lm_head reads the embedding rows, stored as H(s (.) e): H(s (.) e) . H(s (.) h) = e . h, so
+    // it takes the forward-rotated input exactly when the embedding is inverse-listed.
+    rot_output_ = file.find_tensor("output.weight") ? prism_->is_rotated("output.weight") : rot_embd_;
   }
   auto is_rot = [&](const std::string& name) { return prism_ && prism_->is_rotated(name); };
   auto upload_signs = [&](int64_t width) -> const float* {

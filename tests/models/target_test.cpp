@@ -2,6 +2,7 @@
 // lossless contract), rollback, chunked prefill, prefix reuse, taps, shape errors.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -11,6 +12,7 @@
 #include "gguf/gguf.h"
 #include "models/synth.h"
 #include "models/target.h"
+#include "prism/hadamard.h"
 #include "spec/engine.h"
 #include "util/error.h"
 
@@ -258,6 +260,73 @@ TEST(TargetModelErrors, UnknownArchitecture) {
   const std::string msg =
       load_error([&](gguf::Writer& w) { w.set("general.architecture", gguf::Value::string("llama")); }, s);
   EXPECT_NE(msg.find("llama"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace dflash
+
+namespace dflash {
+namespace {
+
+// A tied lm_head over a prism-rotated embedding (stored rows H(s (.) e), no output.weight) must
+// give the logits of the plain tied model: the lm_head input takes the forward rotation.
+TEST(TargetModelPrism, TiedEmbeddingRotatedGivesPlainLogits) {
+  SynthTargetSpec s = tiny("qwen3");
+  s.tied_output = true;
+  const std::string plain_path = temp_path("tied_plain.gguf");
+  synth_target(s, plain_path);
+  gguf::File plain = gguf::File::open(plain_path);
+
+  const int64_t E = s.n_embd, block = 128;
+  std::vector<float> signs(E);
+  for (int64_t i = 0; i < E; ++i) signs[i] = (i * 7 + 3) % 5 < 2 ? -1.0f : 1.0f;
+  gguf::Writer w;
+  for (const auto& kv : plain.metadata())
+    if (kv.key != "general.alignment") w.set(kv.key, kv.value);
+  std::vector<gguf::Value> sv;
+  for (float x : signs) sv.push_back(gguf::Value::f32(x));
+  w.set("prism.hadamard.version", gguf::Value::u32(1));
+  w.set("prism.hadamard.block_size", gguf::Value::u32(block));
+  w.set("prism.hadamard.transform", gguf::Value::string("normalized-sylvester-walsh-hadamard"));
+  w.set("prism.hadamard.axis", gguf::Value::string("input-last-dimension"));
+  w.set("prism.hadamard.sign_mode", gguf::Value::string("explicit"));
+  w.set("prism.hadamard.sign_widths", gguf::Value::array(gguf::ValueType::U32, {gguf::Value::u32(E)}));
+  w.set("prism.hadamard.sign_values", gguf::Value::array(gguf::ValueType::F32, sv));
+  w.set("prism.hadamard.weight_names", gguf::Value::array(gguf::ValueType::STRING, {}));
+  w.set("prism.hadamard.inverse_weight_names",
+        gguf::Value::array(gguf::ValueType::STRING, {gguf::Value::string("token_embd.weight")}));
+  for (const auto& t : plain.tensors()) {
+    auto d = plain.tensor_data(t);
+    std::vector<int64_t> ne(t.ne, t.ne + t.n_dims);
+    if (t.name != "token_embd.weight") {
+      w.add_tensor(t.name, t.type, ne, d);
+      continue;
+    }
+    ASSERT_EQ(t.type, GgmlType::F32);
+    std::vector<float> rows(d.size() / 4);
+    std::memcpy(rows.data(), d.data(), d.size());
+    for (int64_t r = 0; r < t.ne[1]; ++r) prism::rotate_weight_row(&rows[r * E], signs.data(), &rows[r * E], E, block);
+    w.add_tensor(t.name, t.type, ne, std::span(reinterpret_cast<const uint8_t*>(rows.data()), rows.size() * 4));
+  }
+  const std::string rot_path = temp_path("tied_rot.gguf");
+  w.write(rot_path);
+  gguf::File rotated = gguf::File::open(rot_path);
+
+  auto be = make_cpu_backend(2);
+  auto a = TargetModel::load(plain, *be, {});
+  auto b = TargetModel::load(rotated, *be, {});
+  const auto prompt = random_tokens(10, 4, 500);
+  ForwardOptions o;
+  o.want_logits = true;
+  const ForwardResult ra = a->forward(prompt, o), rb = b->forward(prompt, o);
+  ASSERT_EQ(ra.logits.size(), rb.logits.size());
+  double max_err = 0, max_ref = 0;
+  for (size_t i = 0; i < ra.logits.size(); ++i) {
+    max_err = std::max(max_err, (double)std::fabs(ra.logits[i] - rb.logits[i]));
+    max_ref = std::max(max_ref, (double)std::fabs(ra.logits[i]));
+  }
+  EXPECT_LT(max_err, 1e-4 * max_ref) << "max abs error " << max_err << " of max |logit| " << max_ref;
+  EXPECT_EQ(ra.argmax, rb.argmax);
 }
 
 }  // namespace
