@@ -84,6 +84,14 @@ TEST(CudaMatmul, PlainTypesOddK) {
   for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) matmul_case(t, 80, 37, {1, 5, 9}, 7);
 }
 
+// The planar 2-bit layout with full 1024-chunks, a tail chunk, or both.
+TEST(CudaMatmul, PlanarChunksAndTails) {
+  REQUIRE_GPU();
+  uint32_t seed = 50;
+  for (GgmlType t : {GgmlType::PQ2_0, GgmlType::PTQ1_0})
+    for (int64_t in : {128, 1024, 1536, 3200}) matmul_case(t, in, 70, {1, 8, 11}, seed++);
+}
+
 // The 27B shapes (SPEC 2.3) for the types that matter.
 TEST(CudaMatmul, Bonsai27BShapes) {
   REQUIRE_GPU();

@@ -16,8 +16,8 @@ namespace dflash::cuda {
 // How a weight lives on the device.
 enum class Layout : int {
   kBlocks = 0,     // the file's blocks, rows `row_stride` bytes apart (row_stride >= the file's row bytes)
-  kPlanar2 = 1,    // 2-bit codes (value = (code - 1) * d): codes [out][in/4] bytes (element e of a row
-                   // at bits 2(e%4) of byte e/4, as PQ2_0), then fp16 scales [out][in/128]
+  kPlanar2 = 1,    // 2-bit codes (value = (code - 1) * d): codes [out][in/4] bytes in the lane-interleaved
+                   // order of matmul.cu (mm_planar2), then fp16 scales [out][in/128]
 };
 
 struct DevWeight {

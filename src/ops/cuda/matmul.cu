@@ -1,26 +1,28 @@
 // Quantized matmul (GEMV / small M), embedding lookup and the load-time weight transcodes.
 //
-// The lossless contract (SPEC 5.5) decides the structure. For an output y[m][o]:
-//   - the K inputs are cut into units of 32 elements; lane L of the warp that owns output row o takes
-//     units L, L + 32, L + 64, ... (this depends on K only);
-//   - each lane accumulates its units in that order with fp32 fmas, elements of a unit in order;
+// The lossless contract (SPEC 5.5) decides the structure. An output y[m][o] is computed by one warp:
+//   - lane L owns a fixed set of the K inputs (below; it depends on K and the layout only);
+//   - the lane accumulates its inputs in a fixed order with fp32 fmas;
 //   - the 32 lane sums are added by the xor butterfly of warp_sum.
-// Activation rows go in tiles of at most 8 (a kernel template parameter R); R changes how many rows
-// share each weight load, never the arithmetic of one (m, o). So M rows give the bits of M calls of
-// one row. Weight values are the CPU's dequantized values bit for bit (same float operations, written
-// with __fmul_rn / __fsub_rn so no fma contraction can change them); only the summation order
-// differs from the CPU (which uses 32 interleaved lanes per row and one thread).
+// Activation rows go in tiles of at most 8 (template parameter R); R and the number of weight rows a
+// warp computes (NR) change which values share a load, never the arithmetic of one (m, o). So M rows
+// give the bits of M calls of one row. Weight values are the CPU's dequantized values bit for bit
+// (same float operations, written with __fmul_rn / __fsub_rn so no fma contraction can change them);
+// only the summation order differs from the CPU's.
 //
-// Kernels:
-//   mm_planar2  the hot path for the ternary Bonsai types (PQ2_0, PTQ1_0 transcoded): 2-bit codes,
-//               one fp16 scale per 128. A unit is 8 bytes of codes; a warp computes several output rows
-//               so each activation load feeds them all. Codes become floats without conversions:
-//               0x4B000000 | (word & (3 << s)) is the float 2^23 + c * 2^s, minus (2^23 + 2^s) it is
-//               exactly (c - 1) * 2^s, and the activation is pre-scaled by 2^-s (exact), so each fma
-//               adds exactly (c - 1) * x. Per unit: p = sum of the 32 products, then acc += d * p.
-//   mm_blocks   every file block format (and plain f32/f16/bf16): one warp per output row, a unit
-//               dequantized into 32 registers, then one fma chain per activation row.
-//   mm_naive    plain types with K not a multiple of 32: lane L takes elements L, L + 32, ...
+// Both layouts give each lane consecutive 16- or 32-byte pieces of the activation row, so a warp's
+// activation loads are coalesced (512 B or 1 KB per instruction):
+//   mm_planar2  the ternary Bonsai types (PQ2_0, and PTQ1_0 transcoded at load): 2-bit codes in a
+//               lane-interleaved order. K is cut into chunks of 1024 (8 blocks of 128); in chunk c
+//               lane L takes elements 128j + 4L + t (j = 0..7 blocks, t = 0..3) and finds their 32
+//               codes in 8 consecutive bytes (byte j: codes t at bits 2t). A last chunk of b < 8
+//               blocks stores b bytes per lane. Per (block j): p = sum_t (c_t - 1) x_t (fma chain),
+//               acc = fma(d_j, p, acc). Codes become floats without conversions: 0x4B000000 |
+//               (w & (3 << s)) is the float 2^23 + c 2^s, minus (2^23 + 2^s) it is exactly (c - 1) 2^s,
+//               and the activation is pre-scaled by 2^-s (exact), so each fma adds exactly (c - 1) x.
+//   mm_blocks   every file block format (and plain f32/f16/bf16) in the file's layout: lane L takes
+//               the 8 consecutive elements 256 s + 8 L (s = 0, 1, ...), dequantized, fma chain.
+//   mm_naive    plain types with K not a multiple of 8: lane L takes elements L, L + 32, ...
 #include <algorithm>
 
 #include "ops/cuda/common.cuh"
@@ -35,7 +37,7 @@ enum TypeId : int {
   kTQ1_0 = 34, kTQ2_0 = 35, kQ1_0 = 41, kQ2_0 = 42, kPQ2_0 = 142, kPTQ1_0 = 143,
 };
 
-constexpr int kMaxR = 8;       // activation rows per tile
+constexpr int kMaxR = 8;  // activation rows per tile
 constexpr int kWarpsPerBlock = 4;
 
 __device__ __forceinline__ float ld_half(const uint8_t* p) {
@@ -48,81 +50,82 @@ __device__ __forceinline__ int trit(uint32_t b, int n) {
   const uint32_t pw = n == 0 ? 1u : n == 1 ? 3u : n == 2 ? 9u : n == 3 ? 27u : 81u;
   return static_cast<int>((((b * pw) & 0xffu) * 3u) >> 8);
 }
-
-// Loads 8 consecutive activations (16-byte loads when aligned).
-__device__ __forceinline__ void load8(const float* p, bool vec, float* o) {
-  if (vec) {
-    const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
-    o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w; o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = p[i];
-  }
+// PTQ1_0 (28 B / 128): elems 0..79 digit n of qs[m] (16n + m); 80..119 digit n of qs[16 + m]
+// (80 + 8n + m); 120..127 digit n of qh[h] (120 + 2n + h).
+__device__ __forceinline__ int ptq1_code(const uint8_t* b, int e) {
+  if (e < 80) return trit(b[e & 15], e >> 4);
+  if (e < 120) return trit(b[16 + ((e - 80) & 7)], (e - 80) >> 3);
+  return trit(b[24 + ((e - 120) & 1)], (e - 120) >> 1);
 }
+
+// Four / eight consecutive activations (16-byte loads when aligned).
+__device__ __forceinline__ float4 load4(const float* p, bool vec) {
+  if (vec) return *reinterpret_cast<const float4*>(p);
+  return make_float4(p[0], p[1], p[2], p[3]);
+}
+__device__ __forceinline__ void load8(const float* p, bool vec, float* o) {
+  const float4 a = load4(p, vec), b = load4(p + 4, vec);
+  o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w; o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+}
+__device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+// 8 bytes from a 2-byte aligned address, as two little-endian words.
+__device__ __forceinline__ uint2 ld8_a2(const uint8_t* p) {
+  return make_uint2(ld_u16(p) | (ld_u16(p + 2) << 16), ld_u16(p + 4) | (ld_u16(p + 6) << 16));
+}
+__device__ __forceinline__ uint32_t byte_of(const uint2& v, int i) { return ((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xff; }
 
 // ------------------------------------------------------------------------------------------------
-// Unit loaders: the 32 dequantized weights of unit u (elements 32u .. 32u + 31) of one row, with the
-// CPU dequantizers' float operations (quant/kernels_scalar.cpp).
+// Element loaders: the 8 dequantized weights e0 .. e0 + 7 of one row (e0 a multiple of 8, so the 8
+// never straddle a block), with the CPU dequantizers' float operations (quant/kernels_scalar.cpp).
 
 template <int T>
-__device__ __forceinline__ void load_unit(const uint8_t* __restrict__ row, int64_t u, float* w);
+__device__ __forceinline__ void load_w8(const uint8_t* __restrict__ row, int64_t e0, float* w);
 
 template <>
-__device__ __forceinline__ void load_unit<kF32>(const uint8_t* __restrict__ row, int64_t u, float* w) {
-  const float4* p = reinterpret_cast<const float4*>(row + u * 128);
+__device__ __forceinline__ void load_w8<kF32>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
+  const float4* p = reinterpret_cast<const float4*>(row + e0 * 4);
+  const float4 a = p[0], b = p[1];
+  w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+}
+template <>
+__device__ __forceinline__ void load_w8<kF16>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
+  const uint4 v = *reinterpret_cast<const uint4*>(row + e0 * 2);
+  const uint32_t a[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float4 v = p[i];
-    w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+  for (int j = 0; j < 4; ++j) {
+    w[2 * j] = fp16_to_f32(static_cast<uint16_t>(a[j] & 0xffff));
+    w[2 * j + 1] = fp16_to_f32(static_cast<uint16_t>(a[j] >> 16));
   }
 }
 template <>
-__device__ __forceinline__ void load_unit<kF16>(const uint8_t* __restrict__ row, int64_t u, float* w) {
-  const uint4* p = reinterpret_cast<const uint4*>(row + u * 64);
+__device__ __forceinline__ void load_w8<kBF16>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
+  const uint4 v = *reinterpret_cast<const uint4*>(row + e0 * 2);
+  const uint32_t a[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint4 v = p[i];
-    const uint32_t a[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      w[8 * i + 2 * j] = fp16_to_f32(static_cast<uint16_t>(a[j] & 0xffff));
-      w[8 * i + 2 * j + 1] = fp16_to_f32(static_cast<uint16_t>(a[j] >> 16));
-    }
-  }
-}
-template <>
-__device__ __forceinline__ void load_unit<kBF16>(const uint8_t* __restrict__ row, int64_t u, float* w) {
-  const uint4* p = reinterpret_cast<const uint4*>(row + u * 64);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint4 v = p[i];
-    const uint32_t a[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      w[8 * i + 2 * j] = __uint_as_float(a[j] << 16);
-      w[8 * i + 2 * j + 1] = __uint_as_float(a[j] & 0xffff0000u);
-    }
+  for (int j = 0; j < 4; ++j) {
+    w[2 * j] = __uint_as_float(a[j] << 16);
+    w[2 * j + 1] = __uint_as_float(a[j] & 0xffff0000u);
   }
 }
 // Q8_0: half d | i8 q[32]
 template <>
-__device__ __forceinline__ void load_unit<kQ8_0>(const uint8_t* __restrict__ row, int64_t u, float* w) {
-  const uint8_t* b = row + u * 34;
+__device__ __forceinline__ void load_w8<kQ8_0>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
+  const uint8_t* b = row + (e0 >> 5) * 34;
   const float d = ld_half(b);
+  const uint2 q = ld8_a2(b + 2 + (e0 & 31));
 #pragma unroll
-  for (int i = 0; i < 32; ++i) w[i] = dq(d, static_cast<int8_t>(b[2 + i]));
+  for (int i = 0; i < 8; ++i) w[i] = dq(d, static_cast<int8_t>(byte_of(q, i)));
 }
-// Q4_0: half d | u8 qs[16], low nibbles 0..15, high 16..31, (q - 8) * d
+// Q4_0: half d | u8 qs[16]; low nibbles are elements 0..15, high nibbles 16..31; (q - 8) * d
 template <>
-__device__ __forceinline__ void load_unit<kQ4_0>(const uint8_t* __restrict__ row, int64_t u, float* w) {
-  const uint8_t* b = row + u * 18;
+__device__ __forceinline__ void load_w8<kQ4_0>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
+  const uint8_t* b = row + (e0 >> 5) * 18;
   const float d = ld_half(b);
+  const int off = static_cast<int>(e0 & 31);
+  const uint2 q = ld8_a2(b + 2 + (off & 15));
+  const int sh = off >= 16 ? 4 : 0;
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int q = b[2 + i];
-    w[i] = dq(d, (q & 0xF) - 8);
-    w[i + 16] = dq(d, (q >> 4) - 8);
-  }
+  for (int i = 0; i < 8; ++i) w[i] = dq(d, static_cast<int>((byte_of(q, i) >> sh) & 0xF) - 8);
 }
 __device__ __forceinline__ void k_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
   if (j < 4) {
@@ -133,257 +136,297 @@ __device__ __forceinline__ void k_scale_min(const uint8_t* s, int j, int& sc, in
     mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
   }
 }
-// Q4_K (144 B / 256): unit j = u % 8 is sub-block j: chunk c = j / 2, low (even j) or high nibbles.
+// Q4_K (144 B / 256): sub-block j = (e % 256) / 32 of chunk c = j / 2: low (even j) or high nibbles of
+// qs[32c + l]; y = (d * sc) * q - (dmin * m).
 template <>
-__device__ __forceinline__ void load_unit<kQ4_K>(const uint8_t* __restrict__ row, int64_t u, float* w) {
-  const uint8_t* b = row + (u >> 3) * 144;
-  const int j = static_cast<int>(u & 7), c = j >> 1;
+__device__ __forceinline__ void load_w8<kQ4_K>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
+  const uint8_t* b = row + (e0 >> 8) * 144;
+  const int within = static_cast<int>(e0 & 255), j = within >> 5, l0 = within & 31;
   const float d = ld_half(b), dmin = ld_half(b + 2);
   int sc, mn;
   k_scale_min(b + 4, j, sc, mn);
   const float d1 = __fmul_rn(d, static_cast<float>(sc)), m1 = __fmul_rn(dmin, static_cast<float>(mn));
-  const uint4* q4 = reinterpret_cast<const uint4*>(b + 16 + 32 * c);
-  const int shift = (j & 1) * 4;
+  const uint2 q = *reinterpret_cast<const uint2*>(b + 16 + 32 * (j >> 1) + l0);
+  const int sh = (j & 1) * 4;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint4 v = q4[h];
-    const uint32_t a[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const int q = (a[k >> 2] >> (8 * (k & 3) + shift)) & 0xF;
-      w[16 * h + k] = __fsub_rn(__fmul_rn(d1, static_cast<float>(q)), m1);
-    }
-  }
+  for (int i = 0; i < 8; ++i)
+    w[i] = __fsub_rn(__fmul_rn(d1, static_cast<float>((byte_of(q, i) >> sh) & 0xF)), m1);
 }
-// Q5_K (176 B / 256): as Q4_K plus bit 2c / 2c+1 of qh[l] (+16).
+// Q5_K (176 B / 256): as Q4_K plus 16 when bit j of qh[l] is set.
 template <>
-__device__ __forceinline__ void load_unit<kQ5_K>(const uint8_t* __restrict__ row, int64_t u, float* w) {
-  const uint8_t* b = row + (u >> 3) * 176;
-  const int j = static_cast<int>(u & 7), c = j >> 1;
+__device__ __forceinline__ void load_w8<kQ5_K>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
+  const uint8_t* b = row + (e0 >> 8) * 176;
+  const int within = static_cast<int>(e0 & 255), j = within >> 5, l0 = within & 31;
   const float d = ld_half(b), dmin = ld_half(b + 2);
   int sc, mn;
   k_scale_min(b + 4, j, sc, mn);
   const float d1 = __fmul_rn(d, static_cast<float>(sc)), m1 = __fmul_rn(dmin, static_cast<float>(mn));
-  const uint8_t* qh = b + 16;
-  const uint8_t* qs = b + 48 + 32 * c;
-  const int shift = (j & 1) * 4;
+  const uint2 qh = *reinterpret_cast<const uint2*>(b + 16 + l0);
+  const uint2 q = *reinterpret_cast<const uint2*>(b + 48 + 32 * (j >> 1) + l0);
+  const int sh = (j & 1) * 4;
 #pragma unroll
-  for (int l = 0; l < 32; ++l) {
-    const int q = ((qs[l] >> shift) & 0xF) + (((qh[l] >> j) & 1) << 4);
-    w[l] = __fsub_rn(__fmul_rn(d1, static_cast<float>(q)), m1);
+  for (int i = 0; i < 8; ++i) {
+    const int v = static_cast<int>((byte_of(q, i) >> sh) & 0xF) + static_cast<int>(((byte_of(qh, i) >> j) & 1) << 4);
+    w[i] = __fsub_rn(__fmul_rn(d1, static_cast<float>(v)), m1);
   }
 }
-// Q6_K (210 B / 256): unit j = u % 8: half h = j / 4, group g = j % 4 (which of l, l+32 low/high).
+// Q6_K (210 B / 256): sub-block j: half h = j / 4, group g = j % 4 (ql[l] / ql[l + 32], low / high
+// nibble, qh bits 2g), scale sc[8h + 2g + l / 16]; y = (d * sc) * (q - 32).
 template <>
-__device__ __forceinline__ void load_unit<kQ6_K>(const uint8_t* __restrict__ row, int64_t u, float* w) {
-  const uint8_t* b = row + (u >> 3) * 210;
-  const int j = static_cast<int>(u & 7), h = j >> 2, g = j & 3;
+__device__ __forceinline__ void load_w8<kQ6_K>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
+  const uint8_t* b = row + (e0 >> 8) * 210;
+  const int within = static_cast<int>(e0 & 255), j = within >> 5, l0 = within & 31;
+  const int h = j >> 2, g = j & 3;
   const float d = ld_half(b + 208);
-  const uint8_t* ql = b + 64 * h + ((g & 1) ? 32 : 0);
-  const uint8_t* qh = b + 128 + 32 * h;
-  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * h);
+  const uint2 ql = ld8_a2(b + 64 * h + ((g & 1) ? 32 : 0) + l0);
+  const uint2 qh = ld8_a2(b + 128 + 32 * h + l0);
+  const int sc = static_cast<int8_t>(b[192 + 8 * h + 2 * g + (l0 >> 4)]);
+  const float s = __fmul_rn(d, static_cast<float>(sc));
   const int lshift = (g >> 1) * 4, hshift = 2 * g;
-  const float s0 = __fmul_rn(d, static_cast<float>(sc[2 * g])), s1 = __fmul_rn(d, static_cast<float>(sc[2 * g + 1]));
 #pragma unroll
-  for (int l = 0; l < 32; ++l) {
-    const int q = (((ql[l] >> lshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4)) - 32;
-    w[l] = __fmul_rn(l < 16 ? s0 : s1, static_cast<float>(q));
+  for (int i = 0; i < 8; ++i) {
+    const int q = static_cast<int>(((byte_of(ql, i) >> lshift) & 0xF) | (((byte_of(qh, i) >> hshift) & 3) << 4)) - 32;
+    w[i] = __fmul_rn(s, static_cast<float>(q));
   }
 }
-// TQ1_0 (54 B / 256): qs[0..31] digits 0..4 -> elems 32n + m; qs[32..47] digits 0..4 -> 160 + 16n + m;
-// qh[0..3] digits 0..3 -> 240 + 4n + j.
+// The rarely used types, element by element.
+// TQ1_0 (54 B / 256): qs[0..31] digits 0..4 -> 32n + m; qs[32..47] -> 160 + 16n + m; qh[0..3] -> 240 + 4n + j.
+__device__ __forceinline__ int tq1_code(const uint8_t* b, int i) {
+  if (i < 160) return trit(b[i & 31], i >> 5);
+  if (i < 240) return trit(b[32 + ((i - 160) & 15)], (i - 160) >> 4);
+  return trit(b[48 + ((i - 240) & 3)], (i - 240) >> 2);
+}
 template <>
-__device__ __forceinline__ void load_unit<kTQ1_0>(const uint8_t* __restrict__ row, int64_t u, float* w) {
-  const uint8_t* b = row + (u >> 3) * 54;
-  const int j = static_cast<int>(u & 7);
+__device__ __forceinline__ void load_w8<kTQ1_0>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
+  const uint8_t* b = row + (e0 >> 8) * 54;
   const float d = ld_half(b + 52);
-  if (j < 5) {
+  const int i0 = static_cast<int>(e0 & 255);
 #pragma unroll
-    for (int m = 0; m < 32; ++m) w[m] = dq(d, trit(b[m], j) - 1);
-  } else if (j < 7) {
-    const int n0 = 2 * (j - 5);
-#pragma unroll
-    for (int m = 0; m < 16; ++m) {
-      w[m] = dq(d, trit(b[32 + m], n0) - 1);
-      w[16 + m] = dq(d, trit(b[32 + m], n0 + 1) - 1);
-    }
-  } else {
-#pragma unroll
-    for (int m = 0; m < 16; ++m) w[m] = dq(d, trit(b[32 + m], 4) - 1);
-#pragma unroll
-    for (int e = 0; e < 16; ++e) w[16 + e] = dq(d, trit(b[48 + (e & 3)], e >> 2) - 1);
-  }
+  for (int i = 0; i < 8; ++i) w[i] = dq(d, tq1_code(b, i0 + i) - 1);
 }
-// TQ2_0 (66 B / 256): y[4j + 32l + m] = (((qs[j+m] >> 2l) & 3) - 1) * d, j in {0, 32}
+// TQ2_0 (66 B / 256): y[128 jj + 32 l + m] = (((qs[32 jj + m] >> 2l) & 3) - 1) * d
 template <>
-__device__ __forceinline__ void load_unit<kTQ2_0>(const uint8_t* __restrict__ row, int64_t u, float* w) {
-  const uint8_t* b = row + (u >> 3) * 66;
-  const int jj = static_cast<int>(u & 7);
+__device__ __forceinline__ void load_w8<kTQ2_0>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
+  const uint8_t* b = row + (e0 >> 8) * 66;
   const float d = ld_half(b + 64);
-  const uint8_t* qs = b + (jj >> 2) * 32;
-  const int sh = 2 * (jj & 3);
+  const int i0 = static_cast<int>(e0 & 255);
+  const uint8_t* qs = b + 32 * (i0 >> 7) + (i0 & 31);
+  const int sh = 2 * ((i0 >> 5) & 3);
 #pragma unroll
-  for (int m = 0; m < 32; ++m) w[m] = dq(d, ((qs[m] >> sh) & 3) - 1);
+  for (int i = 0; i < 8; ++i) w[i] = dq(d, ((qs[i] >> sh) & 3) - 1);
 }
 // Q1_0 (18 B / 128): half d | bits; bit set -> +d else -d
 template <>
-__device__ __forceinline__ void load_unit<kQ1_0>(const uint8_t* __restrict__ row, int64_t u, float* w) {
-  const uint8_t* b = row + (u >> 2) * 18;
+__device__ __forceinline__ void load_w8<kQ1_0>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
+  const uint8_t* b = row + (e0 >> 7) * 18;
   const float d = ld_half(b);
-  const uint8_t* qs = b + 2 + 4 * (u & 3);
+  const uint32_t bits = b[2 + ((e0 & 127) >> 3)];
 #pragma unroll
-  for (int e = 0; e < 32; ++e) w[e] = ((qs[e >> 3] >> (e & 7)) & 1) ? d : -d;
+  for (int i = 0; i < 8; ++i) w[i] = ((bits >> i) & 1) ? d : -d;
 }
 // Q2_0 (18 B / 64) and PQ2_0 (34 B / 128): half d | codes, element e at bits 2(e%4) of byte e/4.
 template <>
-__device__ __forceinline__ void load_unit<kQ2_0>(const uint8_t* __restrict__ row, int64_t u, float* w) {
-  const uint8_t* b = row + (u >> 1) * 18;
+__device__ __forceinline__ void load_w8<kQ2_0>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
+  const uint8_t* b = row + (e0 >> 6) * 18;
   const float d = ld_half(b);
-  const uint8_t* qs = b + 2 + 8 * (u & 1);
+  const uint32_t q = ld_u16(b + 2 + ((e0 & 63) >> 2));
 #pragma unroll
-  for (int e = 0; e < 32; ++e) w[e] = dq(d, ((qs[e >> 2] >> (2 * (e & 3))) & 3) - 1);
+  for (int i = 0; i < 8; ++i) w[i] = dq(d, static_cast<int>((q >> (2 * i)) & 3) - 1);
 }
 template <>
-__device__ __forceinline__ void load_unit<kPQ2_0>(const uint8_t* __restrict__ row, int64_t u, float* w) {
-  const uint8_t* b = row + (u >> 2) * 34;
+__device__ __forceinline__ void load_w8<kPQ2_0>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
+  const uint8_t* b = row + (e0 >> 7) * 34;
   const float d = ld_half(b);
-  const uint8_t* qs = b + 2 + 8 * (u & 3);
+  const uint32_t q = ld_u16(b + 2 + ((e0 & 127) >> 2));
 #pragma unroll
-  for (int e = 0; e < 32; ++e) w[e] = dq(d, ((qs[e >> 2] >> (2 * (e & 3))) & 3) - 1);
-}
-// PTQ1_0 (28 B / 128): elems 0..79 digit n of qs[m] (16n + m); 80..119 digit n of qs[16 + m]
-// (80 + 8n + m); 120..127 digit n of qh[h] (120 + 2n + h).
-__device__ __forceinline__ int ptq1_code(const uint8_t* b, int e) {
-  if (e < 80) return trit(b[e & 15], e >> 4);
-  if (e < 120) return trit(b[16 + ((e - 80) & 7)], (e - 80) >> 3);
-  return trit(b[24 + ((e - 120) & 1)], (e - 120) >> 1);
+  for (int i = 0; i < 8; ++i) w[i] = dq(d, static_cast<int>((q >> (2 * i)) & 3) - 1);
 }
 template <>
-__device__ __forceinline__ void load_unit<kPTQ1_0>(const uint8_t* __restrict__ row, int64_t u, float* w) {
-  const uint8_t* b = row + (u >> 2) * 28;
+__device__ __forceinline__ void load_w8<kPTQ1_0>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
+  const uint8_t* b = row + (e0 >> 7) * 28;
   const float d = ld_half(b + 26);
-  const int e0 = 32 * static_cast<int>(u & 3);
+  const int i0 = static_cast<int>(e0 & 127);
 #pragma unroll
-  for (int e = 0; e < 32; ++e) w[e] = dq(d, ptq1_code(b, e0 + e) - 1);
+  for (int i = 0; i < 8; ++i) w[i] = dq(d, ptq1_code(b, i0 + i) - 1);
 }
 
 // ------------------------------------------------------------------------------------------------
-// mm_blocks: one warp per output row.
+// mm_blocks: NR weight rows per warp; lane L takes elements 256 s + 8 L .. + 7.
+
+template <int R>
+struct BlocksCfg {
+  static constexpr int NR = R <= 2 ? 2 : 4;
+};
 
 template <int T, int R>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 mm_blocks_kernel(const uint8_t* __restrict__ W, size_t row_stride, int64_t K, int64_t N, const float* __restrict__ x,
-                 float* __restrict__ y, int64_t M, bool xvec) {
+                 float* __restrict__ y, bool xvec) {
+  constexpr int NR = BlocksCfg<R>::NR;
   const int lane = threadIdx.x & 31;
-  const int64_t o = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * NR;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxR;
-  if (o >= N) return;
-  const uint8_t* row = W + o * row_stride;
-  const float* xt = x + m0 * K;
-  const int64_t U = K / 32;
-  float acc[R];
+  if (o0 >= N) return;
+  const uint8_t* rows[NR];
 #pragma unroll
-  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-  for (int64_t u = lane; u < U; u += 32) {
-    float w[32];
-    load_unit<T>(row, u, w);
+  for (int i = 0; i < NR; ++i) rows[i] = W + (o0 + i < N ? o0 + i : N - 1) * row_stride;
+  const float* xt = x + m0 * K;
+  float acc[NR][R];
+#pragma unroll
+  for (int i = 0; i < NR; ++i)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
+  for (int64_t e0 = 8 * lane; e0 < K; e0 += 256) {
+    float w[NR][8];
+#pragma unroll
+    for (int i = 0; i < NR; ++i) load_w8<T>(rows[i], e0, w[i]);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const float* xr = xt + r * K + u * 32;
+      float xv[8];
+      load8(xt + r * K + e0, xvec, xv);
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float xv[8];
-        load8(xr + 8 * q, xvec, xv);
+      for (int i = 0; i < NR; ++i)
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[r] = __fmaf_rn(w[8 * q + e], xv[e], acc[r]);
-      }
+        for (int e = 0; e < 8; ++e) acc[i][r] = __fmaf_rn(w[i][e], xv[e], acc[i][r]);
     }
   }
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const float s = warp_sum(acc[r]);
-    if (lane == 0) y[(m0 + r) * N + o] = s;
-  }
+  for (int i = 0; i < NR; ++i)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float s = warp_sum(acc[i][r]);
+      if (lane == 0 && o0 + i < N) y[(m0 + r) * N + o0 + i] = s;
+    }
 }
 
 // ------------------------------------------------------------------------------------------------
-// mm_planar2: NR output rows per warp; a unit is 8 bytes (two words of 16 codes) of each row.
+// mm_planar2 (layout in the header comment)
 
 template <int R>
 struct Planar2Cfg {
-  static constexpr int NR = R <= 2 ? 8 : R <= 4 ? 4 : 2;
+  static constexpr int NR = 4;
 };
+
+// (c - 1) * 2^s for the code at bits s..s+1 of `bits` (s <= 14), exactly.
+template <int S>
+__device__ __forceinline__ float code_f(uint32_t bits) {
+  return __fsub_rn(__uint_as_float(0x4B000000u | (bits & (3u << S))), 8388608.0f + static_cast<float>(1 << S));
+}
+
+// One block of 4 codes per lane: bits holds them at shift `base` (0 or 8); x4 the 4 activations of
+// each row, pre-scaled by 2^-(base + 2t).
+template <int R, int NR, int kBase>
+__device__ __forceinline__ void planar2_block(const uint32_t (&bits)[NR], const float (&d)[NR], const float4 (&x4)[R],
+                                              float (&acc)[NR][R]) {
+#pragma unroll
+  for (int i = 0; i < NR; ++i) {
+    const float w0 = code_f<kBase>(bits[i]), w1 = code_f<kBase + 2>(bits[i]), w2 = code_f<kBase + 4>(bits[i]),
+                w3 = code_f<kBase + 6>(bits[i]);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float p = __fmul_rn(w0, x4[r].x);
+      p = __fmaf_rn(w1, x4[r].y, p);
+      p = __fmaf_rn(w2, x4[r].z, p);
+      p = __fmaf_rn(w3, x4[r].w, p);
+      acc[i][r] = __fmaf_rn(d[i], p, acc[i][r]);
+    }
+  }
+}
+
+template <int kBase>
+__device__ __forceinline__ float4 prescale(float4 v) {
+  // 2^-(kBase + 2t), exact
+  v.x = __fmul_rn(v.x, __int_as_float((127 - kBase) << 23));
+  v.y = __fmul_rn(v.y, __int_as_float((127 - kBase - 2) << 23));
+  v.z = __fmul_rn(v.z, __int_as_float((127 - kBase - 4) << 23));
+  v.w = __fmul_rn(v.w, __int_as_float((127 - kBase - 6) << 23));
+  return v;
+}
 
 template <int R>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 mm_planar2_kernel(const uint8_t* __restrict__ codes, const uint16_t* __restrict__ scales, int64_t K, int64_t N,
-                  const float* __restrict__ x, float* __restrict__ y, int64_t M, bool xvec) {
+                  const float* __restrict__ x, float* __restrict__ y, bool xvec) {
   constexpr int NR = Planar2Cfg<R>::NR;
   const int lane = threadIdx.x & 31;
   const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * NR;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxR;
   if (o0 >= N) return;
-  const int64_t U = K / 32;           // units per row
-  const int64_t row_words = K / 16;   // 32-bit code words per row
-  const int64_t row_scales = K / 128;
-  const float* xt = x + m0 * K;
-  const uint2* cw = reinterpret_cast<const uint2*>(codes);
-
+  const int64_t n_full = K >> 10;
+  const int tail = static_cast<int>((K & 1023) >> 7);
+  const int64_t row_bytes = K >> 2, row_scales = K >> 7;
+  const uint8_t* crow[NR];
+  const uint16_t* srow[NR];
+#pragma unroll
+  for (int i = 0; i < NR; ++i) {
+    const int64_t o = o0 + i < N ? o0 + i : N - 1;  // rows past N compute a copy of the last (not stored)
+    crow[i] = codes + o * row_bytes;
+    srow[i] = scales + o * row_scales;
+  }
+  const float* xt = x + m0 * K + 4 * lane;
   float acc[NR][R];
 #pragma unroll
   for (int i = 0; i < NR; ++i)
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
 
-  for (int64_t u = lane; u < U; u += 32) {
-    uint2 c[NR];
-    float d[NR];
+  for (int64_t c = 0; c < n_full; ++c) {
+    uint2 cw[NR];
 #pragma unroll
-    for (int i = 0; i < NR; ++i) {
-      const int64_t o = o0 + i < N ? o0 + i : N - 1;  // rows past N compute a copy of the last (not stored)
-      c[i] = cw[(o * row_words) / 2 + u];
-      d[i] = fp16_to_f32(scales[o * row_scales + (u >> 2)]);
-    }
-    float p[NR][R];
+    for (int i = 0; i < NR; ++i) cw[i] = *reinterpret_cast<const uint2*>(crow[i] + c * 256 + 8 * lane);
 #pragma unroll
-    for (int i = 0; i < NR; ++i)
-#pragma unroll
-      for (int r = 0; r < R; ++r) p[i][r] = 0.0f;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {  // 8 elements at a time: word q / 2, half (q & 1)
-      float xv[R][8];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        load8(xt + r * K + u * 32 + 8 * q, xvec, xv[r]);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) xv[r][e] = __fmul_rn(xv[r][e], __int_as_float((127 - 2 * e) << 23));
-      }
+    for (int j = 0; j < 8; ++j) {
+      float d[NR];
+      uint32_t bits[NR];
 #pragma unroll
       for (int i = 0; i < NR; ++i) {
-        const uint32_t word = (q < 2) ? c[i].x : c[i].y;
-        const uint32_t bits = (q & 1) ? (word >> 16) : word;
+        d[i] = fp16_to_f32(srow[i][8 * c + j]);
+        const uint32_t word = j < 4 ? cw[i].x : cw[i].y;
+        bits[i] = (j & 2) ? (word >> 16) : word;  // byte j % 4 now at bits 8 (j & 1)
+      }
+      float4 x4[R];
+      if (j & 1) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float wv = __fsub_rn(__uint_as_float(0x4B000000u | (bits & (3u << (2 * e)))),
-                                     8388608.0f + static_cast<float>(1 << (2 * e)));
+        for (int r = 0; r < R; ++r) x4[r] = prescale<8>(load4(xt + r * K + c * 1024 + j * 128, xvec));
+        planar2_block<R, NR, 8>(bits, d, x4, acc);
+      } else {
 #pragma unroll
-          for (int r = 0; r < R; ++r) p[i][r] = __fmaf_rn(wv, xv[r][e], p[i][r]);
-        }
+        for (int r = 0; r < R; ++r) x4[r] = prescale<0>(load4(xt + r * K + c * 1024 + j * 128, xvec));
+        planar2_block<R, NR, 0>(bits, d, x4, acc);
       }
     }
+  }
+  for (int j = 0; j < tail; ++j) {  // last chunk of tail < 8 blocks: tail bytes per lane
+    float d[NR];
+    uint32_t bits[NR];
 #pragma unroll
-    for (int i = 0; i < NR; ++i)
+    for (int i = 0; i < NR; ++i) {
+      d[i] = fp16_to_f32(srow[i][8 * n_full + j]);
+      bits[i] = crow[i][n_full * 256 + tail * lane + j];
+    }
+    float4 x4[R];
 #pragma unroll
-      for (int r = 0; r < R; ++r) acc[i][r] = __fmaf_rn(d[i], p[i][r], acc[i][r]);
+    for (int r = 0; r < R; ++r) x4[r] = prescale<0>(load4(xt + r * K + n_full * 1024 + j * 128, xvec));
+    planar2_block<R, NR, 0>(bits, d, x4, acc);
   }
 #pragma unroll
-  for (int i = 0; i < NR; ++i) {
+  for (int i = 0; i < NR; ++i)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float s = warp_sum(acc[i][r]);
       if (lane == 0 && o0 + i < N) y[(m0 + r) * N + o0 + i] = s;
     }
-  }
+}
+
+// Byte offset, in a planar row, of the code byte holding element e (and the element's bit shift).
+__device__ __forceinline__ int64_t planar2_byte(int64_t K, int64_t e, int& shift) {
+  const int64_t c = e >> 10;
+  const int rem = static_cast<int>(e & 1023);
+  const int j = rem >> 7, l = (rem & 127) >> 2;
+  shift = 2 * static_cast<int>(e & 3);
+  const int64_t n_full = K >> 10;
+  const int per_lane = c < n_full ? 8 : static_cast<int>((K & 1023) >> 7);
+  return c * 256 + static_cast<int64_t>(l) * per_lane + j;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -398,7 +441,7 @@ __device__ __forceinline__ float plain_elem(const uint8_t* row, int64_t i) {
 
 template <int T>
 __global__ void mm_naive_kernel(const uint8_t* __restrict__ W, size_t row_stride, int64_t K, int64_t N,
-                                const float* __restrict__ x, float* __restrict__ y, int64_t M) {
+                                const float* __restrict__ x, float* __restrict__ y) {
   const int lane = threadIdx.x & 31;
   const int64_t o = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int64_t m = blockIdx.y;
@@ -411,25 +454,25 @@ __global__ void mm_naive_kernel(const uint8_t* __restrict__ W, size_t row_stride
 }
 
 // ------------------------------------------------------------------------------------------------
-// get_rows
+// get_rows: one thread per 8 elements (blocks), per element (naive, planar)
 
 template <int T>
 __global__ void get_rows_blocks_kernel(const uint8_t* __restrict__ W, size_t row_stride, int64_t K, int64_t N,
                                        const int32_t* __restrict__ ids, float* __restrict__ y) {
-  const int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t e0 = 8 * (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
   const int64_t m = blockIdx.y;
-  if (u >= K / 32) return;
+  if (e0 >= K) return;
   const int32_t id = ids[m];
-  float* out = y + m * K + u * 32;
+  float* out = y + m * K + e0;
   if (id < 0 || id >= N) {
 #pragma unroll
-    for (int e = 0; e < 32; ++e) out[e] = __int_as_float(0x7fc00000);
+    for (int e = 0; e < 8; ++e) out[e] = __int_as_float(0x7fc00000);
     return;
   }
-  float w[32];
-  load_unit<T>(W + id * row_stride, u, w);
+  float w[8];
+  load_w8<T>(W + id * row_stride, e0, w);
 #pragma unroll
-  for (int e = 0; e < 32; ++e) out[e] = w[e];
+  for (int e = 0; e < 8; ++e) out[e] = w[e];
 }
 
 template <int T>
@@ -452,100 +495,98 @@ __global__ void get_rows_planar2_kernel(const uint8_t* __restrict__ codes, const
     y[m * K + i] = __int_as_float(0x7fc00000);
     return;
   }
-  const uint8_t byte = codes[id * (K / 4) + i / 4];
-  const int c = (byte >> (2 * (i & 3))) & 3;
+  int shift;
+  const int64_t byte = planar2_byte(K, i, shift);
+  const int c = (codes[id * (K / 4) + byte] >> shift) & 3;
   y[m * K + i] = dq(fp16_to_f32(scales[id * (K / 128) + i / 128]), c - 1);
 }
 
 // ------------------------------------------------------------------------------------------------
-// load-time transcodes: one thread per 128-element block
+// load-time transcodes: one thread per destination code byte (4 elements)
 
-__global__ void ptq1_to_planar2_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ codes,
-                                       uint16_t* __restrict__ scales, int64_t nblocks) {
-  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (b >= nblocks) return;
-  const uint8_t* s = src + b * 28;
-  uint8_t* c = codes + b * 32;
-  for (int byte = 0; byte < 32; ++byte) {
-    uint32_t v = 0;
-    for (int t = 0; t < 4; ++t) v |= static_cast<uint32_t>(ptq1_code(s, 4 * byte + t)) << (2 * t);
-    c[byte] = static_cast<uint8_t>(v);
+template <bool kPtq1>
+__global__ void to_planar2_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ codes,
+                                  uint16_t* __restrict__ scales, int64_t K, int64_t total_bytes) {
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= total_bytes) return;
+  const int64_t rb = K / 4;
+  const int64_t o = g / rb, byte = g % rb;
+  const int64_t c = byte >> 8;
+  const int rem = static_cast<int>(byte & 255);
+  const int per_lane = c < (K >> 10) ? 8 : static_cast<int>((K & 1023) >> 7);
+  const int l = rem / per_lane, j = rem % per_lane;
+  const int64_t blk = o * (K / 128) + c * 8 + j;  // source block
+  uint32_t v;
+  if (kPtq1) {
+    const uint8_t* s = src + blk * 28;
+    v = 0;
+    for (int t = 0; t < 4; ++t) v |= static_cast<uint32_t>(ptq1_code(s, 4 * l + t)) << (2 * t);
+    if (l == 0) scales[blk] = static_cast<uint16_t>(s[26] | (s[27] << 8));
+  } else {
+    const uint8_t* s = src + blk * 34;
+    v = s[2 + l];  // PQ2_0 byte l holds elements 4l .. 4l + 3 at bits 2t
+    if (l == 0) scales[blk] = static_cast<uint16_t>(s[0] | (s[1] << 8));
   }
-  scales[b] = static_cast<uint16_t>(s[26] | (s[27] << 8));
-}
-
-__global__ void pq2_to_planar2_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ codes,
-                                      uint16_t* __restrict__ scales, int64_t nblocks) {
-  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (b >= nblocks) return;
-  const uint8_t* s = src + b * 34;
-  for (int i = 0; i < 32; ++i) codes[b * 32 + i] = s[2 + i];
-  scales[b] = static_cast<uint16_t>(s[0] | (s[1] << 8));
+  codes[g] = static_cast<uint8_t>(v);
 }
 
 // ------------------------------------------------------------------------------------------------
-// dispatch
+// dispatch: full tiles of 8 rows with R = 8, then the remaining rows (at offset 8 * full) with R = M % 8
 
-template <int T, int R>
-void run_blocks_R(const DevWeight& w, const float* x, float* y, int64_t M, int64_t tiles, bool xvec, cudaStream_t s) {
-  const dim3 grid(ceil_div_u(w.out, kWarpsPerBlock), static_cast<unsigned>(tiles));
-  mm_blocks_kernel<T, R><<<grid, kWarpsPerBlock * 32, 0, s>>>(w.data, w.row_stride, w.in, w.out, x, y, M, xvec);
-}
-
-// Full tiles of 8 rows with R = 8, then the remaining rows (at offset 8 * full) with R = M % 8.
-template <int T>
-void run_blocks(const DevWeight& w, const float* x, float* y, int64_t M, bool xvec, cudaStream_t s) {
+template <template <int> class Runner, typename... Args>
+void dispatch_tiles(int64_t M, int64_t in, int64_t out, const float* x, float* y, Args... args) {
   const int64_t full = M / kMaxR, rest = M % kMaxR;
-  if (full > 0) run_blocks_R<T, 8>(w, x, y, M, full, xvec, s);
+  if (full > 0) Runner<8>::run(x, y, full, args...);
   if (rest > 0) {
-    const float* xr = x + full * kMaxR * w.in;
-    float* yr = y + full * kMaxR * w.out;
+    const float* xr = x + full * kMaxR * in;
+    float* yr = y + full * kMaxR * out;
     switch (rest) {
-      case 1: run_blocks_R<T, 1>(w, xr, yr, rest, 1, xvec, s); break;
-      case 2: run_blocks_R<T, 2>(w, xr, yr, rest, 1, xvec, s); break;
-      case 3: run_blocks_R<T, 3>(w, xr, yr, rest, 1, xvec, s); break;
-      case 4: run_blocks_R<T, 4>(w, xr, yr, rest, 1, xvec, s); break;
-      case 5: run_blocks_R<T, 5>(w, xr, yr, rest, 1, xvec, s); break;
-      case 6: run_blocks_R<T, 6>(w, xr, yr, rest, 1, xvec, s); break;
-      default: run_blocks_R<T, 7>(w, xr, yr, rest, 1, xvec, s); break;
+      case 1: Runner<1>::run(xr, yr, 1, args...); break;
+      case 2: Runner<2>::run(xr, yr, 1, args...); break;
+      case 3: Runner<3>::run(xr, yr, 1, args...); break;
+      case 4: Runner<4>::run(xr, yr, 1, args...); break;
+      case 5: Runner<5>::run(xr, yr, 1, args...); break;
+      case 6: Runner<6>::run(xr, yr, 1, args...); break;
+      default: Runner<7>::run(xr, yr, 1, args...); break;
     }
   }
 }
+
+template <int T>
+struct BlocksRun {
+  template <int R>
+  struct At {
+    static void run(const float* x, float* y, int64_t tiles, const DevWeight& w, bool xvec, cudaStream_t s) {
+      constexpr int NR = BlocksCfg<R>::NR;
+      const dim3 grid(ceil_div_u(w.out, kWarpsPerBlock * NR), static_cast<unsigned>(tiles));
+      mm_blocks_kernel<T, R><<<grid, kWarpsPerBlock * 32, 0, s>>>(w.data, w.row_stride, w.in, w.out, x, y, xvec);
+    }
+  };
+};
 
 template <int R>
-void run_planar2_R(const DevWeight& w, const float* x, float* y, int64_t M, int64_t tiles, bool xvec, cudaStream_t s) {
-  constexpr int NR = Planar2Cfg<R>::NR;
-  const dim3 grid(ceil_div_u(w.out, kWarpsPerBlock * NR), static_cast<unsigned>(tiles));
-  mm_planar2_kernel<R><<<grid, kWarpsPerBlock * 32, 0, s>>>(w.data, w.scales, w.in, w.out, x, y, M, xvec);
-}
-
-void run_planar2(const DevWeight& w, const float* x, float* y, int64_t M, bool xvec, cudaStream_t s) {
-  const int64_t full = M / kMaxR, rest = M % kMaxR;
-  if (full > 0) run_planar2_R<8>(w, x, y, M, full, xvec, s);
-  if (rest > 0) {
-    const float* xr = x + full * kMaxR * w.in;
-    float* yr = y + full * kMaxR * w.out;
-    switch (rest) {
-      case 1: run_planar2_R<1>(w, xr, yr, rest, 1, xvec, s); break;
-      case 2: run_planar2_R<2>(w, xr, yr, rest, 1, xvec, s); break;
-      case 3: run_planar2_R<3>(w, xr, yr, rest, 1, xvec, s); break;
-      case 4: run_planar2_R<4>(w, xr, yr, rest, 1, xvec, s); break;
-      case 5: run_planar2_R<5>(w, xr, yr, rest, 1, xvec, s); break;
-      case 6: run_planar2_R<6>(w, xr, yr, rest, 1, xvec, s); break;
-      default: run_planar2_R<7>(w, xr, yr, rest, 1, xvec, s); break;
-    }
+struct Planar2Run {
+  static void run(const float* x, float* y, int64_t tiles, const DevWeight& w, bool xvec, cudaStream_t s) {
+    constexpr int NR = Planar2Cfg<R>::NR;
+    const dim3 grid(ceil_div_u(w.out, kWarpsPerBlock * NR), static_cast<unsigned>(tiles));
+    mm_planar2_kernel<R><<<grid, kWarpsPerBlock * 32, 0, s>>>(w.data, w.scales, w.in, w.out, x, y, xvec);
   }
+};
+
+template <int T>
+void run_blocks(const DevWeight& w, const float* x, float* y, int64_t M, bool xvec, cudaStream_t s) {
+  dispatch_tiles<BlocksRun<T>::template At>(M, w.in, w.out, x, y, w, xvec, s);
 }
 
 template <int T>
 void run_naive(const DevWeight& w, const float* x, float* y, int64_t M, cudaStream_t s) {
   const dim3 grid(ceil_div_u(w.out, kWarpsPerBlock), static_cast<unsigned>(M));
-  mm_naive_kernel<T><<<grid, kWarpsPerBlock * 32, 0, s>>>(w.data, w.row_stride, w.in, w.out, x, y, M);
+  mm_naive_kernel<T><<<grid, kWarpsPerBlock * 32, 0, s>>>(w.data, w.row_stride, w.in, w.out, x, y);
 }
 
 template <int T>
 void get_rows_blocks(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s) {
-  get_rows_blocks_kernel<T><<<dim3(ceil_div_u(w.in / 32, 128), static_cast<unsigned>(M)), 128, 0, s>>>(
+  get_rows_blocks_kernel<T><<<dim3(ceil_div_u(w.in / 8, 128), static_cast<unsigned>(M)), 128, 0, s>>>(
       w.data, w.row_stride, w.in, w.out, ids, y);
 }
 
@@ -574,10 +615,10 @@ void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, cuda
   // The arithmetic is the same either way.
   const bool xvec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && w.in % 4 == 0;
   if (w.layout == Layout::kPlanar2) {
-    run_planar2(w, x, y, M, xvec, s);
+    dispatch_tiles<Planar2Run>(M, w.in, w.out, x, y, w, xvec, s);
     return;
   }
-  if (w.in % 32 != 0) {  // plain types only (every block type has K % 32 == 0)
+  if (w.in % 8 != 0) {  // plain types only (every block type has K % 32 == 0)
     switch (w.type) {
       case kF32: run_naive<kF32>(w, x, y, M, s); break;
       case kF16: run_naive<kF16>(w, x, y, M, s); break;
@@ -611,7 +652,7 @@ void launch_get_rows(const DevWeight& w, const int32_t* ids, float* y, int64_t M
         w.data, w.scales, w.in, w.out, ids, y);
     return;
   }
-  if (w.in % 32 != 0) {
+  if (w.in % 8 != 0) {
     const dim3 grid(ceil_div_u(w.in, 256), static_cast<unsigned>(M));
     switch (w.type) {
       case kF32: get_rows_naive_kernel<kF32><<<grid, 256, 0, s>>>(w.data, w.row_stride, w.in, w.out, ids, y); break;
@@ -641,14 +682,14 @@ void launch_get_rows(const DevWeight& w, const int32_t* ids, float* y, int64_t M
 
 void launch_ptq1_to_planar2(const uint8_t* src, uint8_t* codes, uint16_t* scales, int64_t in, int64_t out,
                             cudaStream_t s) {
-  const int64_t nb = in / 128 * out;
-  if (nb > 0) ptq1_to_planar2_kernel<<<ceil_div_u(nb, 256), 256, 0, s>>>(src, codes, scales, nb);
+  const int64_t total = in / 4 * out;
+  if (total > 0) to_planar2_kernel<true><<<ceil_div_u(total, 256), 256, 0, s>>>(src, codes, scales, in, total);
 }
 
 void launch_pq2_to_planar2(const uint8_t* src, uint8_t* codes, uint16_t* scales, int64_t in, int64_t out,
                            cudaStream_t s) {
-  const int64_t nb = in / 128 * out;
-  if (nb > 0) pq2_to_planar2_kernel<<<ceil_div_u(nb, 256), 256, 0, s>>>(src, codes, scales, nb);
+  const int64_t total = in / 4 * out;
+  if (total > 0) to_planar2_kernel<false><<<ceil_div_u(total, 256), 256, 0, s>>>(src, codes, scales, in, total);
 }
 
 }  // namespace dflash::cuda
