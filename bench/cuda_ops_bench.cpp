@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
     for (GgmlType t : types) {
       for (const Shape& s : shapes) {
         const bool big = s.out > 100000;
-        if (big && !(t == GgmlType::PTQ1_0 || t == GgmlType::PQ2_0 || t == GgmlType::Q6_K)) continue;
+        if (big && !(t == GgmlType::PTQ1_0 || t == GgmlType::PQ2_0)) continue;
         if (t == GgmlType::BF16 && s.in * s.out > 5120 * 17408) continue;
         const std::vector<uint8_t> host = make_weight(t, s.in, s.out, seed++);
         const double mb = host.size() / 1e6;

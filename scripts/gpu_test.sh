@@ -77,10 +77,10 @@ fi
 if [ -n "$MODEL27" ]; then
   t0=$(date +%s)
   F=/tmp/bonsai27-$MODEL27.gguf
-  timeout 600 "$G/dflash" synth "$F" --preset bonsai-27b --type "$MODEL27" >"$OUT/synth.log" 2>&1
+  timeout 200 "$G/dflash" synth "$F" --preset bonsai-27b --type "$MODEL27" >"$OUT/synth.log" 2>&1
   echo "synth $MODEL27: exit $? in $(( $(date +%s) - t0 )) s"
   t0=$(date +%s)
-  timeout 600 "$G/bench_cuda_ops" --model "$F" --model-only --tokens "$TOKENS" --out "$OUT/bench_model_$MODEL27.md" \
+  timeout 150 "$G/bench_cuda_ops" --model "$F" --model-only --tokens "$TOKENS" --out "$OUT/bench_model_$MODEL27.md" \
     >"$OUT/bench_model_$MODEL27.log" 2>&1
   rm_=$?
   echo "bench model $MODEL27: exit $rm_ in $(( $(date +%s) - t0 )) s"
