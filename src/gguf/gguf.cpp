@@ -187,7 +187,6 @@ namespace {
 // Minimum encoded sizes, used to bound counts read from the file by the bytes left.
 constexpr uint64_t kMinKvBytes = 8 + 4 + 1;              // key length, value type, 1-byte value
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;  // name length, n_dims, ne[0], type, offset
-constexpr uint64_t kHeaderBytes = 4 + 4 + 8 + 8;
 
 uint64_t min_value_bytes(ValueType t) {
   switch (t) {
