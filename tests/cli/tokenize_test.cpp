@@ -93,7 +93,8 @@ TEST_F(TokenizeCli, TokenizePrintsIds) {
 
   r = run(fmt::format("tokenize -m {} --no-special --json {}", quote(model_), quote("<|im_end|>")));
   ASSERT_EQ(r.code, 0) << r.err;
-  for (int id : nlohmann::json::parse(r.out)["ids"]) EXPECT_LT(id, 256);
+  const nlohmann::json parsed = nlohmann::json::parse(r.out);  // range-for over a temporary's member dangles
+  for (int id : parsed["ids"]) EXPECT_LT(id, 256);
 }
 
 TEST_F(TokenizeCli, VerboseShowsPieces) {
