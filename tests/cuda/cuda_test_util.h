@@ -32,7 +32,7 @@ bool have_gpu();
 
 struct Record {
   std::string op, shape;
-  double nmse = 0, max_abs = 0, bound = 0;
+  double nmse = 0, max_abs = 0, bound = 0;  // bound 0: bit-exact; < 0: not an NMSE check (see note)
   bool pass = true;
   std::string note;
 };
