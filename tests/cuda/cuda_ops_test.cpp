@@ -13,6 +13,8 @@
 //   1e-9     : gdn_recurrent (8-row recurrence of a 128x128 state, different sum trees)
 //   1e-7     : gdn_chunked (CUDA runs the recurrence, the CPU the chunked WY form: equal up to
 //              fp32 rounding of two different algorithms)
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <numeric>
 #include <thread>
@@ -130,12 +132,12 @@ TEST(CudaMatmul, RowsBitIdenticalToSingleRows) {
         const auto one = y1.get();
         if (std::memcmp(one.data(), multi.data() + m * out, out * 4) != 0) {
           all_same = false;
-          where += " M=" + std::to_string(M) + ",row=" + std::to_string(m);
+          where += fmt::format(" M={},row={}", M, m);
         }
       }
     }
     record({std::string("matmul M-row==1-row ") + type_name(t), "M in {2,5,8,13,64}, 1024x200", 0, 0, 0, all_same,
-            all_same ? "memcmp equal" : "differs at" + where});
+            all_same ? std::string("memcmp equal") : fmt::format("differs at{}", where)});
     EXPECT_TRUE(all_same) << type_name(t) << where;
   }
 }
@@ -284,7 +286,7 @@ void attention_case(int64_t M, int64_t H, int64_t Hkv, int64_t D, int64_t n_keys
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   gpu().attention(qg, kg, vg, rg, og, M, H, Hkv, D, scale);
   cpu().attention(qc, kc, vc, rc, oc, M, H, Hkv, D, scale);
-  check("attention " + what, shape_str({M, H, Hkv, D, n_keys}), og.get(), oc.get(), 1e-10, og.guard_ok());
+  check(fmt::format("attention {}", what), shape_str({M, H, Hkv, D, n_keys}), og.get(), oc.get(), 1e-10, og.guard_ok());
   // lossless: each row alone (same range) gives the same bits
   const auto multi = og.get();
   bool same = true;
@@ -294,7 +296,7 @@ void attention_case(int64_t M, int64_t H, int64_t Hkv, int64_t D, int64_t n_keys
     gpu().attention(q1, kg, vg, r1, o1, 1, H, Hkv, D, scale);
     same = same && std::memcmp(o1.get().data(), multi.data() + m * H * D, H * D * 4) == 0;
   }
-  record({"attention M-row==1-row " + what, shape_str({M, H, Hkv, D}), 0, 0, 0, same, same ? "memcmp equal" : "differs"});
+  record({fmt::format("attention M-row==1-row {}", what), shape_str({M, H, Hkv, D}), 0, 0, 0, same, same ? "memcmp equal" : "differs"});
   EXPECT_TRUE(same) << what;
 }
 
@@ -457,7 +459,7 @@ TEST(CudaOps, ArgmaxTopK) {
     gpu().top_k(xg, ig, vg, M, n, k);
     cpu().top_k(xc, ic, vc, M, n, k);
     const bool same = ig.get() == ic.get() && vg.get() == vc.get();
-    record({"top_k k=" + std::to_string(k), shape_str({M, n}), 0, 0, 0, same && ig.guard_ok() && vg.guard_ok(),
+    record({fmt::format("top_k k={}", k), shape_str({M, n}), 0, 0, 0, same && ig.guard_ok() && vg.guard_ok(),
             same ? "ids and values equal" : "differ"});
     EXPECT_TRUE(same) << k;
   }
@@ -492,7 +494,7 @@ TEST(CudaOps, DflashConv) {
                         with_res ? rg.get_ptr() : nullptr, yg, M, C, K, group);
       cpu().dflash_conv(xc, bc.get_ptr() + stage * K * C, dc.get_ptr() + stage * K * G, d_stride,
                         with_res ? rc.get_ptr() : nullptr, yc, M, C, K, group);
-      check(std::string("dflash_conv stage ") + std::to_string(stage) + (with_res ? " +res" : ""),
+      check(fmt::format("dflash_conv stage {}{}", stage, with_res ? " +res" : ""),
             shape_str({M, C, K, group}), yg.get(), yc.get(), 1e-11, yg.guard_ok());
     }
 }

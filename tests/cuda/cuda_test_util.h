@@ -125,7 +125,11 @@ inline void check(const std::string& op, const std::string& shape, const std::ve
   r.pass = got.size() == ref.size() && d.non_finite == 0 && guard_ok &&
            (bound == 0 ? std::memcmp(got.data(), ref.data(), got.size() * 4) == 0 : d.nmse <= bound);
   if (!guard_ok) r.note += " GUARD OVERWRITTEN";
-  if (d.non_finite) r.note += " " + std::to_string(d.non_finite) + " non-finite";
+  if (d.non_finite) {
+    r.note += ' ';
+    r.note += std::to_string(d.non_finite);
+    r.note += " non-finite";
+  }
   record(r);
   EXPECT_TRUE(r.pass) << op << " " << shape << ": nmse " << d.nmse << " (bound " << bound << "), max abs "
                       << d.max_abs << ", non-finite " << d.non_finite << (guard_ok ? "" : ", guard overwritten");
@@ -133,7 +137,10 @@ inline void check(const std::string& op, const std::string& shape, const std::ve
 
 inline std::string shape_str(std::initializer_list<int64_t> dims) {
   std::string s;
-  for (int64_t d : dims) s += (s.empty() ? "" : "x") + std::to_string(d);
+  for (int64_t d : dims) {
+    if (!s.empty()) s += 'x';
+    s += std::to_string(d);
+  }
   return s;
 }
 
