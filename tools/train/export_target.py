@@ -110,7 +110,8 @@ def export(model: Target, tok, path, gtype=G.PTQ1_0, name="dflash tiny qwen35"):
             conv = f32(L.conv1d)[row_perm.numpy()]  # [conv_dim, K]
             vec(b + "ssm_conv1d.weight", conv, [c.conv_kernel, c.conv_dim])
             vec(b + "ssm_dt.bias", f32(L.dt_bias)[perm])
-            vec(b + "ssm_a", -np.exp(f32(L.A_log))[perm])
+            exact = getattr(L, "ssm_a_exact", None)  # set by load_target_gguf: keeps a re-export bit-exact
+            vec(b + "ssm_a", (f32(exact) if exact is not None else -np.exp(f32(L.A_log)))[perm])
             for nm, prm in (("ssm_alpha", L.w_alpha), ("ssm_beta", L.w_beta)):
                 arr = f32(prm)[perm]
                 w.tensor(b + nm + ".weight", G.BF16, [c.n_embd, c.ssm_v_heads], G.quantize(G.BF16, arr))
@@ -145,18 +146,6 @@ def load_checkpoint(path, device="cpu"):
     m = Target(cfg).to(device)
     m.load_state_dict(ck["model"])
     return m, ck
-
-
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("checkpoint")
-    ap.add_argument("tokenizer_json", help="tok_gguf.json written by corpus.py")
-    ap.add_argument("out")
-    ap.add_argument("--type", default="ptq1_0")
-    a = ap.parse_args()
-    m, _ = load_checkpoint(a.checkpoint)
-    tok = json.load(open(a.tokenizer_json))
-    export(m, tok, a.out, G.TYPE_NAMES[a.type])
 
 
 def load_target_gguf(path, device="cpu"):
@@ -214,6 +203,7 @@ def load_target_gguf(path, device="cpu"):
                 L.conv1d.copy_(T(b + "ssm_conv1d.weight")[row_inv])
                 L.dt_bias.copy_(T(b + "ssm_dt.bias")[inv])
                 L.A_log.copy_(torch.log(-T(b + "ssm_a")[inv]))
+                L.register_buffer("ssm_a_exact", T(b + "ssm_a")[inv].clone(), persistent=False)
                 L.w_alpha.copy_(T(b + "ssm_alpha.weight")[inv])
                 L.w_beta.copy_(T(b + "ssm_beta.weight")[inv])
                 L.ssm_norm.copy_(T(b + "ssm_norm.weight"))
@@ -226,3 +216,27 @@ def load_target_gguf(path, device="cpu"):
         tok = {"tokens": kv["tokenizer.ggml.tokens"], "mask": int(kv["tokenizer.ggml.mask_token_id"]),
                "eos": int(kv["tokenizer.ggml.eos_token_id"]), "bos": int(kv["tokenizer.ggml.bos_token_id"])}
     return m.to(device), tok
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("checkpoint", help="target.pt (train_target.py) or a target GGUF (re-export, e.g. as PQ2_0)")
+    ap.add_argument("out")
+    ap.add_argument("--tokenizer-json", help="tok_gguf.json written by corpus.py (with a .pt checkpoint)")
+    ap.add_argument("--type", default="ptq1_0", help="ptq1_0 or pq2_0")
+    a = ap.parse_args()
+    if a.checkpoint.endswith(".gguf"):
+        # the file's weights are q*d: re-ternarizing them is the identity, so PTQ1_0 <-> PQ2_0 is lossless
+        m, _ = load_target_gguf(a.checkpoint)
+        m.cfg.ternary = True
+        r = G.GGUFReader(a.checkpoint)
+        tk = {k: r.kv["tokenizer.ggml." + k] for k in ("tokens", "token_type", "merges")}
+        tok = dict(tk, bos=r.kv["tokenizer.ggml.bos_token_id"], eos=r.kv["tokenizer.ggml.eos_token_id"],
+                   pad=r.kv["tokenizer.ggml.padding_token_id"], mask=r.kv["tokenizer.ggml.mask_token_id"])
+        tok["token_type"] = [int(x) for x in tok["token_type"]]
+        name = r.kv.get("general.name", "dflash tiny qwen35")
+    else:
+        m, _ = load_checkpoint(a.checkpoint)
+        tok = json.load(open(a.tokenizer_json))
+        name = "dflash tiny qwen35 (trained, ternary)"
+    export(m, tok, a.out, G.TYPE_NAMES[a.type], name=name)

@@ -334,7 +334,8 @@ class Target(nn.Module):
         R = Hv // Hk
         q, k = q.repeat_interleave(R, 2), k.repeat_interleave(R, 2)  # grouped: V head p <- K head p // R
         beta = torch.sigmoid(b.float())
-        g = -L.A_log.float().exp() * F.softplus(a.float() + L.dt_bias)
+        ssm_a = L.ssm_a_exact if getattr(L, "ssm_a_exact", None) is not None else -L.A_log.float().exp()
+        g = ssm_a * F.softplus(a.float() + L.dt_bias)
         S = st["S"] if (st is not None and "S" in st) else q.new_zeros(B, Hv, dk, dv)
         args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), g.transpose(1, 2), beta.transpose(1, 2), S)
         if T <= 4:
