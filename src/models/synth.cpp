@@ -108,6 +108,33 @@ void add_byte_tokenizer(gguf::Writer& w, int64_t n_vocab) {
 
 }  // namespace
 
+void SynthTensorWriter::add(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
+                            RowValues fill_row) {
+  const int64_t n = ne.at(0);
+  const size_t rb = row_bytes(type, n);
+  int64_t rows = 1;
+  for (size_t i = 1; i < ne.size(); ++i) rows *= ne[i];
+  shared_->total += rb * static_cast<uint64_t>(rows);
+  writer_.add_tensor_rows(name, type, ne, [type, n, rb, fill_row = std::move(fill_row), shared = shared_](
+                                              int64_t row0, int64_t n_rows, uint8_t* dst) {
+    const unsigned n_threads = static_cast<unsigned>(
+        std::clamp<int64_t>(n_rows / 4, 1, std::min(16u, std::max(1u, std::thread::hardware_concurrency()))));
+    auto work = [&](unsigned tid) {
+      std::vector<float> row(n);
+      for (int64_t r = row0 + tid; r < row0 + n_rows; r += n_threads) {
+        fill_row(r, row.data());
+        quantize_row(type, row.data(), dst + (r - row0) * rb, n);
+      }
+    };
+    std::vector<std::thread> pool;
+    for (unsigned i = 1; i < n_threads; ++i) pool.emplace_back(work, i);
+    work(0);
+    for (auto& th : pool) th.join();
+    const uint64_t d = shared->done.fetch_add(rb * n_rows) + rb * n_rows;
+    if (shared->progress) shared->progress(d, shared->total);
+  });
+}
+
 float synth_normal(uint64_t seed, uint64_t index) {
   // Irwin-Hall with 4 uniforms: cheap, bounded, close enough to normal for random weights.
   float s = 0;
@@ -258,44 +285,20 @@ void synth_target(const SynthTargetSpec& s, const std::string& path,
   }
 
   // ---- data: rows generated in parallel chunks, deterministically
-  uint64_t total = 0;
-  for (const TensorPlan& t : plan) {
-    int64_t rows = 1;
-    for (size_t i = 1; i < t.ne.size(); ++i) rows *= t.ne[i];
-    total += row_bytes(t.type, t.ne[0]) * rows;
-  }
-  auto done = std::make_shared<std::atomic<uint64_t>>(0);
+  SynthTensorWriter tw(w, progress);
   for (const TensorPlan& t : plan) {
     const uint64_t tseed = hash_name(t.name, s.seed);
-    const size_t rb = row_bytes(t.type, t.ne[0]);
     const int64_t n = t.ne[0];
-    w.add_tensor_rows(t.name, t.type, t.ne, [t, tseed, rb, n, done, total, progress](int64_t row0, int64_t n_rows,
-                                                                                       uint8_t* dst) {
-      const unsigned n_threads = static_cast<unsigned>(
-          std::clamp<int64_t>(n_rows / 4, 1, std::min(16u, std::max(1u, std::thread::hardware_concurrency()))));
-      auto work = [&](unsigned tid) {
-        std::vector<float> row(n);
-        for (int64_t r = row0 + tid; r < row0 + n_rows; r += n_threads) {
-          for (int64_t i = 0; i < n; ++i) {
-            const uint64_t idx = static_cast<uint64_t>(r) * n + i;
-            float v = 0;
-            switch (t.dist) {
-              case Dist::kNormal: v = t.scale * synth_normal(tseed, idx); break;
-              case Dist::kNorm: v = 1.0f + t.scale * synth_normal(tseed, idx); break;
-              case Dist::kUniform: v = t.scale * (2.0f * synth_uniform(tseed, idx) - 1.0f); break;
-              case Dist::kNegExp: v = -std::exp(3.0f * synth_uniform(tseed, idx) - 2.5f); break;
-            }
-            row[i] = v;
-          }
-          quantize_row(t.type, row.data(), dst + (r - row0) * rb, n);
+    tw.add(t.name, t.type, t.ne, [t, tseed, n](int64_t r, float* row) {
+      for (int64_t i = 0; i < n; ++i) {
+        const uint64_t idx = static_cast<uint64_t>(r) * n + i;
+        switch (t.dist) {
+          case Dist::kNormal: row[i] = t.scale * synth_normal(tseed, idx); break;
+          case Dist::kNorm: row[i] = 1.0f + t.scale * synth_normal(tseed, idx); break;
+          case Dist::kUniform: row[i] = t.scale * (2.0f * synth_uniform(tseed, idx) - 1.0f); break;
+          case Dist::kNegExp: row[i] = -std::exp(3.0f * synth_uniform(tseed, idx) - 2.5f); break;
         }
-      };
-      std::vector<std::thread> pool;
-      for (unsigned i = 1; i < n_threads; ++i) pool.emplace_back(work, i);
-      work(0);
-      for (auto& th : pool) th.join();
-      const uint64_t d = done->fetch_add(rb * n_rows) + rb * n_rows;
-      if (progress) progress(d, total);
+      }
     });
   }
   w.write(path);

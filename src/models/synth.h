@@ -6,9 +6,13 @@
 #pragma once
 
 #include <cstdint>
+#include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "gguf/gguf.h"
 #include "quant/types.h"
 
 namespace dflash {
@@ -51,5 +55,27 @@ void synth_target(const SynthTargetSpec& spec, const std::string& path,
 
 // The deterministic value generator (exposed for tests): approximately N(0, 1).
 float synth_normal(uint64_t seed, uint64_t index);
+
+// Writing random tensors in parallel row chunks (shared by the target and drafter synths).
+class SynthTensorWriter {
+ public:
+  // fill_row(row, out[n]) writes one row's float values; it must be thread-safe and deterministic.
+  using RowValues = std::function<void(int64_t row, float* out)>;
+  // progress(done_bytes, total_bytes) is called as chunks are written (after every add()).
+  SynthTensorWriter(gguf::Writer& writer, std::function<void(uint64_t, uint64_t)> progress) : writer_(writer) {
+    shared_->progress = std::move(progress);
+  }
+  // Queues a tensor; its rows are generated and quantized to `type` when the writer writes.
+  void add(const std::string& name, GgmlType type, const std::vector<int64_t>& ne, RowValues fill_row);
+
+ private:
+  struct Shared {
+    std::atomic<uint64_t> done{0};
+    uint64_t total = 0;
+    std::function<void(uint64_t, uint64_t)> progress;
+  };
+  gguf::Writer& writer_;
+  std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
+};
 
 }  // namespace dflash

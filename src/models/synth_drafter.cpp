@@ -210,43 +210,21 @@ void synth_drafter(const SynthDrafterSpec& s, const std::string& path,
   w.set("tokenizer.ggml.mask_token_id", Value::u32(s.mask_token));
 
   // ---- data: rows generated in parallel, deterministically
-  uint64_t total = 0;
-  for (const Plan& t : plan) {
-    int64_t rows = 1;
-    for (size_t i = 1; i < t.ne.size(); ++i) rows *= t.ne[i];
-    total += row_bytes(t.type, t.ne[0]) * rows;
-  }
-  auto done = std::make_shared<std::atomic<uint64_t>>(0);
+  SynthTensorWriter tw(w, progress);
   for (const Plan& t : plan) {
     const uint64_t tseed = tensor_seed(t.name, s.seed);
-    const size_t rb = row_bytes(t.type, t.ne[0]);
     const int64_t n = t.ne[0];
     const int64_t K_taps = t.ne.size() > 1 ? t.ne[1] : 1;
-    w.add_tensor_rows(t.name, t.type, t.ne,
-                      [t, tseed, rb, n, K_taps, done, total, progress](int64_t row0, int64_t n_rows, uint8_t* dst) {
-                        const unsigned n_threads = static_cast<unsigned>(std::clamp<int64_t>(
-                            n_rows / 4, 1, std::min(16u, std::max(1u, std::thread::hardware_concurrency()))));
-                        auto work = [&](unsigned tid) {
-                          std::vector<float> row(n);
-                          for (int64_t r = row0 + tid; r < row0 + n_rows; r += n_threads) {
-                            for (int64_t i = 0; i < n; ++i) {
-                              const float z = synth_normal(tseed, static_cast<uint64_t>(r) * n + i);
-                              switch (t.fill) {
-                                case Fill::kMatrix: row[i] = t.scale * z; break;
-                                case Fill::kNorm: row[i] = 1.0f + t.scale * z; break;
-                                case Fill::kConvBase: row[i] = (r % K_taps == 0 ? 1.0f : 0.0f) + t.scale * z; break;
-                              }
-                            }
-                            quantize_row(t.type, row.data(), dst + (r - row0) * rb, n);
-                          }
-                        };
-                        std::vector<std::thread> pool;
-                        for (unsigned i = 1; i < n_threads; ++i) pool.emplace_back(work, i);
-                        work(0);
-                        for (auto& th : pool) th.join();
-                        const uint64_t d = done->fetch_add(rb * n_rows) + rb * n_rows;
-                        if (progress) progress(d, total);
-                      });
+    tw.add(t.name, t.type, t.ne, [t, tseed, n, K_taps](int64_t r, float* row) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float z = synth_normal(tseed, static_cast<uint64_t>(r) * n + i);
+        switch (t.fill) {
+          case Fill::kMatrix: row[i] = t.scale * z; break;
+          case Fill::kNorm: row[i] = 1.0f + t.scale * z; break;
+          case Fill::kConvBase: row[i] = (r % K_taps == 0 ? 1.0f : 0.0f) + t.scale * z; break;
+        }
+      }
+    });
   }
   w.write(path);
 }
