@@ -2,11 +2,14 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <mutex>
@@ -74,6 +77,17 @@ const std::set<std::string>& known_paths() {
   return paths;
 }
 
+// httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into the Debian library):
+// a burst of clients then overflows the accept queue and the kernel resets some connections before
+// they are ever accepted. Listening again on the bound socket raises the backlog (Linux allows it).
+class HttpServer : public httplib::Server {
+ public:
+  void raise_backlog() {
+    const socket_t fd = svr_sock_;
+    if (fd != INVALID_SOCKET) ::listen(fd, SOMAXCONN);
+  }
+};
+
 struct Model {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<gguf::File> target_file, drafter_file;
@@ -121,7 +135,7 @@ struct Server::Impl {
   int port = -1;
   std::thread load_thread, listen_thread;
 
-  httplib::Server http;  // last: destroyed (and its workers joined) first
+  HttpServer http;  // last: destroyed (and its workers joined) first
 
   void log(const std::string& line) const {
     if (o.log) o.log(line);
@@ -575,9 +589,16 @@ struct Server::Impl {
     res.set_chunked_content_provider(
         "text/event-stream", [this, lease, req, toks, id, created](size_t, httplib::DataSink& sink) {
           try {
+            bool reported = false;
             auto send = [&](const json& j) {
               const std::string ev = "data: " + dump(j) + "\n\n";
-              return sink.write(ev.data(), ev.size());
+              errno = 0;
+              const bool ok = sink.write(ev.data(), ev.size());
+              if (!ok && !reported) {
+                reported = true;
+                log(fmt::format("{}: client gone ({})", id, errno ? std::strerror(errno) : "write failed"));
+              }
+              return ok;
             };
             // Chat streams open with the role; a client that left while queued fails here or at the next write.
             if (req->endpoint == Endpoint::kChat &&
@@ -630,6 +651,7 @@ int Server::bind() {
   }
   DFLASH_CHECK(s.port > 0, "cannot listen on {}:{} (address in use, or not an address of this machine?)", s.o.host,
                s.o.port);
+  s.http.raise_backlog();
   return s.port;
 }
 
