@@ -2,7 +2,10 @@
 // everything else (metadata, other tensors) as is.
 //
 // A tensor is converted when it is a matrix (n_dims == 2), its name ends in ".weight", its row length
-// is a multiple of T's block, and its own type has a codec. Each row goes dequantize_row -> f32 ->
+// is a multiple of T's block, and its own type has a codec. Ternary and 1-bit targets (tq1_0, tq2_0,
+// q1_0, q2_0, pq2_0, ptq1_0) leave the Gated DeltaNet gate projections (ssm_alpha, ssm_beta) as they are,
+// as Ternary Bonsai 2 files do (BF16): ternary gates change the model's output; --all-matrices
+// converts them too. Each row goes dequantize_row -> f32 ->
 // quantize_row, split over threads; the output streams to disk in row chunks (Writer::add_tensor_rows)
 // so a file larger than memory can be converted.
 #include <CLI/CLI.hpp>
@@ -30,6 +33,15 @@ std::string codec_type_names() {
     if (t && t->has_codec) names += (names.empty() ? "" : ", ") + std::string(t->name);
   }
   return names;
+}
+
+// Types of at most ~2 bits per weight, where the GDN gates stay at their own precision.
+bool low_bit(GgmlType t) {
+  switch (t) {
+    case GgmlType::TQ1_0: case GgmlType::TQ2_0: case GgmlType::Q1_0: case GgmlType::Q2_0:
+    case GgmlType::PQ2_0: case GgmlType::PTQ1_0: return true;
+    default: return false;
+  }
 }
 
 bool ends_with(std::string_view s, std::string_view suffix) {
@@ -66,6 +78,7 @@ void parallel_rows(int64_t row0, int64_t n, int n_threads, F&& fn) {
 struct Opts {
   std::string in, out, type;
   int threads = 0;
+  bool all_matrices = false;
 };
 
 void run_quantize(const Opts& o) {
@@ -87,8 +100,9 @@ void run_quantize(const Opts& o) {
   uint64_t total_before = 0, total_after = 0;
   for (const gguf::TensorInfo& t : in->tensors()) {
     const TypeTraits& from = type_traits(t.type);
+    const bool gate = ends_with(t.name, ".ssm_alpha.weight") || ends_with(t.name, ".ssm_beta.weight");
     const bool convert = t.n_dims == 2 && ends_with(t.name, ".weight") && t.ne[0] % to.block_elems == 0 &&
-                         from.has_codec && t.type != to.type;
+                         from.has_codec && t.type != to.type && (o.all_matrices || !(gate && low_bit(to.type)));
     std::vector<int64_t> ne(t.ne, t.ne + t.n_dims);
     const uint8_t* src = in->tensor_data(t).data();
     const size_t src_row = row_bytes(t.type, t.ne[0]);
@@ -137,6 +151,8 @@ void register_quantize(CLI::App& app) {
   sub->add_option("out", opts->out, "Output GGUF file")->required();
   sub->add_option("--type,-t", opts->type, "Target type (" + codec_type_names() + ")")->required();
   sub->add_option("--threads,-j", opts->threads, "Threads (default: all cores)");
+  sub->add_flag("--all-matrices", opts->all_matrices,
+                "also convert ssm_alpha/ssm_beta to a ternary or 1-bit type (kept as they are by default)");
   sub->callback([opts] { run_quantize(*opts); });
 }
 

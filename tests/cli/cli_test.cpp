@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gguf/gguf.h"
+#include "support/run_binary.h"
 #include "util/error.h"
 
 namespace dflash::cli::test {
@@ -27,52 +28,12 @@ using gguf::Writer;
 
 const fs::path kVectors = DFLASH_SOURCE_DIR "/../shared/testdata/quants";
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using testing::shell_quote;
+using testing::slurp;
+using Result = testing::RunResult;
+std::string quote(const std::string& s) { return shell_quote(s); }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-class Cli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / fmt::format("dflash_cli_{}_{}", ::getpid(), info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-  fs::path path(const std::string& name) const { return dir_ / name; }
-
-  // Runs `dflash <args>` (args already shell-quoted where needed).
-  Result run(const std::string& args) {
-    const fs::path out = path("stdout.txt"), err = path("stderr.txt");
-    const std::string cmd =
-        fmt::format("{} {} >{} 2>{}", quote(DFLASH_BINARY), args, quote(out.string()), quote(err.string()));
-    const int status = std::system(cmd.c_str());
-    Result r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
-  }
-
-  fs::path dir_;
-};
+using Cli = testing::BinaryTest;
 
 std::vector<uint8_t> bytes_of(std::span<const uint8_t> s) { return {s.begin(), s.end()}; }
 

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "gguf/gguf.h"
+#include "support/run_binary.h"
 #include "text/test_vocab.h"
 
 namespace dflash::cli::tokenize_test {
@@ -19,32 +20,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using testing::shell_quote;
+using Result = testing::RunResult;
+std::string quote(const std::string& s) { return shell_quote(s); }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-class TokenizeCli : public ::testing::Test {
+class TokenizeCli : public testing::BinaryTest {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / fmt::format("dflash_tokcli_{}_{}", ::getpid(), info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    model_ = (dir_ / "vocab.gguf").string();
+    BinaryTest::SetUp();
+    model_ = path("vocab.gguf").string();
     const text::TokenizerConfig cfg = text::testing::test_config();
     gguf::Writer w;
     w.set("tokenizer.ggml.model", gguf::Value::string("gpt2"));
@@ -59,23 +43,6 @@ class TokenizeCli : public ::testing::Test {
     w.set("tokenizer.ggml.eos_token_id", gguf::Value::u32(static_cast<uint32_t>(cfg.eos_id)));
     w.write(model_);
   }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
-  }
-
-  Result run(const std::string& args) {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd =
-        fmt::format("{} {} >{} 2>{}", quote(DFLASH_BINARY), args, quote(out.string()), quote(err.string()));
-    const int status = std::system(cmd.c_str());
-    Result r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
-  }
-
-  fs::path dir_;
   std::string model_;
 };
 

@@ -1,0 +1,70 @@
+// The shipped model pair (models/target.gguf + models/drafter.gguf) through the real binary:
+// golden greedy output, speculative == plain, and a lossless PTQ1_0 -> PQ2_0 re-quantization.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "support/run_binary.h"
+
+namespace dflash::cli::bundled_test {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::shell_quote;
+
+const fs::path kModels = DFLASH_SOURCE_DIR "/models";
+
+class BundledModel : public testing::BinaryTest {
+ protected:
+  void SetUp() override {
+    BinaryTest::SetUp();
+    if (!fs::exists(kModels / "target.gguf")) GTEST_SKIP() << "no bundled model in this checkout";
+  }
+  // Greedy tokens of `dflash run ... --json`.
+  std::vector<int> tokens(const std::string& args) {
+    const auto r = run("run " + args + " --json -t 2", "DFLASH_MODELS_DIR=" + shell_quote(kModels.string()));
+    EXPECT_EQ(r.code, 0) << r.err;
+    if (r.code != 0) return {};
+    return nlohmann::json::parse(r.out)["tokens"].get<std::vector<int>>();
+  }
+};
+
+// Recorded from the CPU reference on 2026-11-30 (commit of models/target.gguf). The CPU kernels have
+// a fixed reduction order (scalar == AVX2 bit for bit), so these ids are the same on every x86-64 host.
+TEST_F(BundledModel, GoldenGreedyContinuation) {
+  const std::vector<int> golden = {224, 343, 684, 29,  1758, 62,  4870, 501, 262, 374, 279,
+                                   759, 326, 1352, 798, 15,  313, 1392, 224, 343, 684, 29,
+                                   1758, 62, 4870, 501, 262, 374, 279, 759, 326, 1352};
+  EXPECT_EQ(tokens("--no-spec --raw -p 'def add(a, b):' -n 32"), golden);
+}
+
+// Without -m the bundled drafter is used; its output equals plain decoding's.
+TEST_F(BundledModel, SpeculativeEqualsPlain) {
+  for (const char* prompt : {"'Write a Python function that merges two sorted lists.'", "'import os\nimport sys\n'"}) {
+    const auto plain = tokens(fmt::format("--no-spec -p {} -n 48", prompt));
+    for (int block : {2, 5, 8}) {
+      const auto r = run(fmt::format("run -p {} -n 48 --json -t 2 --block {}", prompt, block),
+                         "DFLASH_MODELS_DIR=" + shell_quote(kModels.string()));
+      ASSERT_EQ(r.code, 0) << r.err;
+      const auto j = nlohmann::json::parse(r.out);
+      ASSERT_TRUE(j.contains("speculative")) << "the bundled drafter was not used";
+      EXPECT_EQ(j["tokens"].get<std::vector<int>>(), plain) << "block " << block;
+    }
+  }
+}
+
+// PTQ1_0 and PQ2_0 hold the same ternary values; the GDN gates stay BF16. Same greedy output.
+TEST_F(BundledModel, QuantizeToPq20IsLossless) {
+  const std::string out = path("pq2.gguf").string();
+  const auto q = run(fmt::format("quantize {} {} --type pq2_0", shell_quote((kModels / "target.gguf").string()),
+                                 shell_quote(out)));
+  ASSERT_EQ(q.code, 0) << q.err;
+  const std::string args = " --raw -p 'class Stack:' -n 24";
+  EXPECT_EQ(tokens("--no-spec -m " + shell_quote((kModels / "target.gguf").string()) + args),
+            tokens("-m " + shell_quote(out) + args));
+}
+
+}  // namespace
+}  // namespace dflash::cli::bundled_test
