@@ -31,6 +31,7 @@ def main():
     ap.add_argument("--count", type=int, default=16)
     ap.add_argument("--block", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="dflash run --device (cpu, cuda)")
     ap.add_argument("--chat", action="store_true", help="prompts through the chat template instead of --raw")
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -46,7 +47,7 @@ def main():
         with tempfile.NamedTemporaryFile("w", suffix=".txt") as fh:
             fh.write(p["prompt"])
             fh.flush()
-            common = ["-m", a.target, "-f", fh.name, "-n", str(a.n), "-t", str(a.threads)]
+            common = ["-m", a.target, "-f", fh.name, "-n", str(a.n), "-t", str(a.threads), "--device", a.device]
             if not a.chat:
                 common.append("--raw")
             plain = run(a.dflash, common)
