@@ -4,6 +4,8 @@
 //   dflash run -m TARGET --tokens 1,2,3 [-n N] [--json]         (token ids in, ids out)
 //   dflash run -m TARGET -d DRAFTER [--block B] [--no-spec] ...   (DFlash speculative decoding; the
 //                                                                 bundled pair uses its drafter by default)
+//   dflash run [-m TARGET] --chat [--system S] [-p FIRST] [--stats]  (interactive multi-turn chat: one
+//                                                                 user message per stdin line; /exit or EOF ends)
 //
 // With a tokenizer and a chat template in the model, -p is the user turn of a chat (like vLLM's
 // chat endpoint); --raw sends the prompt text as it is. Text streams to stdout as it is decoded.
@@ -14,13 +16,16 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <sstream>
+#include <unistd.h>
 
 #include "cli/backend_select.h"
 #include "cli/commands.h"
+#include "cli/load_progress.h"
 #include "cli/model_paths.h"
 #include "gguf/gguf.h"
 #include "models/dflash_drafter.h"
@@ -52,6 +57,8 @@ struct RunArgs {
   int64_t block = 8;
   std::string draft_context = "reference";
   std::string dump_logits;  // --dump-logits PATH (the HF oracle, tools/oracle_transformers.py)
+  bool chat = false;        // --chat: multi-turn REPL on stdin
+  bool stats = false;       // --stats: acceptance / timing summary on stderr
 };
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -101,9 +108,107 @@ void dump_prompt_logits(TargetModel& model, const std::vector<int32_t>& prompt, 
   model.reset();
 }
 
+// --stats: where the time went and how the drafts fared, on stderr.
+void print_stats(const GenerateStats& st, bool speculative) {
+  const int64_t prefilled = st.prompt_tokens - st.reused_tokens;
+  fmt::print(stderr, "[stats] prompt {} tokens ({} reused from the cache, {} prefilled in {:.3f} s = {:.1f} tok/s)\n",
+             st.prompt_tokens, st.reused_tokens, prefilled, st.prefill_seconds,
+             st.prefill_seconds > 0 ? prefilled / st.prefill_seconds : 0.0);
+  fmt::print(stderr, "[stats] generated {} tokens in {:.3f} s = {:.1f} tok/s ({})\n", st.generated, st.decode_seconds,
+             st.decode_seconds > 0 && st.generated > 1 ? (st.generated - 1) / st.decode_seconds : 0.0,
+             st.stopped_by_token ? "end of turn" : st.context_full ? "context full" : "max tokens");
+  if (!speculative || st.cycles == 0) return;
+  fmt::print(stderr, "[stats] {} cycles, acceptance length {:.2f} tokens/cycle, {}/{} drafts accepted ({:.1f}%)\n",
+             st.cycles, st.acceptance_length(), st.accepted, st.drafted,
+             st.drafted ? 100.0 * st.accepted / st.drafted : 0.0);
+  std::string rates;
+  for (size_t i = 0; i < st.drafted_at.size(); ++i)
+    rates += fmt::format("{}{:.2f}", i ? " " : "", st.acceptance_rate_at(i));
+  fmt::print(stderr, "[stats] acceptance by draft position 1..{}: {}\n", st.drafted_at.size(), rates);
+  std::vector<int64_t> hist;
+  for (int32_t k : st.accepted_per_cycle) {
+    if (static_cast<size_t>(k) >= hist.size()) hist.resize(static_cast<size_t>(k) + 1, 0);
+    ++hist[static_cast<size_t>(k)];
+  }
+  std::string h;
+  for (size_t k = 0; k < hist.size(); ++k) h += fmt::format("{}{}:{}", k ? " " : "", k, hist[k]);
+  fmt::print(stderr, "[stats] cycles by drafts accepted: {}\n", h);
+  fmt::print(stderr, "[stats] time: draft {:.3f} s, verify {:.3f} s, other {:.3f} s\n", st.draft_seconds,
+             st.verify_seconds, st.other_seconds);
+}
+
+// --chat: one user message per stdin line, the reply streamed to stdout (then a newline). Every turn
+// renders the whole conversation, and the same Engine reuses its cache for the part the previous
+// turn already processed. /exit (or EOF) ends, /reset starts a new conversation. A turn that fails
+// (e.g. the conversation outgrew the context) is reported and dropped; the exit status is then 1.
+void chat_repl(const RunArgs& a, const gguf::File& file, const text::Tokenizer& tok, Engine& engine,
+               GenerateOptions go) {
+  const text::ChatTemplate tmpl = text::ChatTemplate::from_gguf(file, tok);
+  text::ChatOptions co;
+  co.enable_thinking = !a.no_think;
+  std::vector<text::ChatMessage> history;
+  if (!a.system.empty()) history.push_back({"system", a.system, std::nullopt});
+  const bool interactive = ::isatty(STDIN_FILENO) == 1;
+  if (interactive)
+    fmt::print(stderr, "[chat: {} template; one message per line, /reset for a new conversation, /exit to quit]\n",
+               tmpl.name());
+  int failed_turns = 0;
+  std::string first = a.prompt_file.empty() ? a.prompt : read_text_file(a.prompt_file);
+  for (;;) {
+    std::string line;
+    if (!first.empty()) {
+      line.swap(first);
+    } else {
+      if (interactive) {
+        fmt::print(stderr, "> ");
+        std::fflush(stderr);
+      }
+      if (!std::getline(std::cin, line)) break;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+    }
+    if (line == "/exit" || line == "/quit") break;
+    if (line == "/reset") {
+      history.resize(a.system.empty() ? 0 : 1);
+      engine.reset();
+      continue;
+    }
+    if (line.empty()) continue;
+    history.push_back({"user", line, std::nullopt});
+    std::string reply;
+    try {
+      const std::vector<int32_t> prompt = tok.encode(tmpl.render(history, co));
+      text::StreamDecoder dec(tok, /*special=*/false);
+      auto emit = [&](const std::string& piece) {
+        reply += piece;
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      };
+      const GenerateStats st = engine.generate(prompt, go, [&](int32_t t) {
+        emit(dec.push(t));
+        return true;
+      });
+      emit(dec.flush());
+      fmt::print("\n");
+      std::fflush(stdout);
+      if (a.stats) print_stats(st, go.speculative);
+      history.push_back({"assistant", reply, std::nullopt});
+    } catch (const Error& e) {
+      if (!reply.empty()) fmt::print("\n");
+      std::fflush(stdout);
+      fmt::print(stderr, "dflash: error: {}\n", e.what());
+      history.pop_back();
+      engine.reset();
+      ++failed_turns;
+    }
+  }
+  if (interactive) fmt::print(stderr, "\n");
+  DFLASH_CHECK(failed_turns == 0, "{} chat turn(s) failed", failed_turns);
+}
+
 void run(const RunArgs& a) {
   const std::string model_path = a.model.empty() ? default_target_path() : a.model;
   gguf::File file = gguf::File::open(model_path);
+  prefetch_file(file);  // a progress bar while a large file's pages come in
   auto backend = make_backend(a.device, a.threads);
   TargetOptions topts;
   topts.n_ctx = a.n_ctx;
@@ -113,6 +218,7 @@ void run(const RunArgs& a) {
   std::optional<gguf::File> drafter_file;
   if (!drafter_path.empty() && !a.no_spec) {
     drafter_file.emplace(gguf::File::open(drafter_path));
+    prefetch_file(*drafter_file);
     const DrafterConfig dc = read_drafter_config(*drafter_file);
     check_drafter_fits_target(dc, drafter_path, read_target_config(file), model_path);
     topts.tap_layers = dc.target_layers;
@@ -130,6 +236,19 @@ void run(const RunArgs& a) {
 
   std::optional<text::Tokenizer> tok;
   if (file.has("tokenizer.ggml.tokens")) tok.emplace(text::Tokenizer::from_gguf(file));
+
+  if (a.chat) {
+    DFLASH_CHECK(tok.has_value(), "{}: --chat needs a model with a tokenizer", model_path);
+    DFLASH_CHECK(a.dump_logits.empty(), "--dump-logits does not combine with --chat");
+    GenerateOptions go;
+    go.max_tokens = a.max_tokens;
+    go.speculative = drafter != nullptr;
+    go.block = a.block;
+    go.stop_tokens = tok->eog_ids();
+    Engine engine(*model, drafter.get());
+    chat_repl(a, file, *tok, engine, go);
+    return;
+  }
 
   // ---- the prompt
   std::vector<int32_t> prompt;
@@ -230,6 +349,7 @@ void run(const RunArgs& a) {
                  a.block, st.cycles, st.acceptance_length(), st.accepted, st.drafted, st.draft_seconds,
                  st.verify_seconds, st.other_seconds);
   }
+  if (a.stats) print_stats(st, drafter != nullptr);
 }
 
 }  // namespace
@@ -257,6 +377,12 @@ void register_run(CLI::App& app) {
                   "drafter context: reference (trained 2048 window, default) or sink-window (the seed's 64 + 1024)");
   cmd->add_option("--dump-logits", a->dump_logits,
                   "write the prompt's teacher-forced logits to PATH (raw f32, [prompt tokens, n_vocab])");
+  CLI::Option* chat =
+      cmd->add_flag("--chat", a->chat,
+                    "interactive multi-turn chat: one user message per stdin line (-p: the first), the cache "
+                    "reused across turns; /reset starts over, /exit or EOF ends");
+  chat->excludes("--tokens")->excludes("--raw")->excludes("--json");
+  cmd->add_flag("--stats", a->stats, "print a timing and draft-acceptance summary on stderr (per turn with --chat)");
   cmd->callback([a] { run(*a); });
 }
 

@@ -1,7 +1,8 @@
 // `dflash serve`: the OpenAI-compatible HTTP server (src/server/server.h).
 //
 //   dflash serve [-m TARGET] [-d DRAFTER] [--host 127.0.0.1] [--port 8080] [--ctx N] [--parallel N]
-//                [--api-key K] [--threads T] [--no-spec] [--block B] [--alias NAME] [--quiet]
+//                [--api-key K] [--threads T] [--device cpu|cuda[:N]] [--no-spec] [--block B] [--alias NAME]
+//                [--max-body BYTES] [--quiet]
 //
 // The socket listens first; the model loads in the background (GET /health: 503 until ready). With
 // no -m the bundled pair is served (its drafter too). SIGINT / SIGTERM stop the server (exit 0); a
@@ -18,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "cli/backend_select.h"
 #include "cli/commands.h"
 #include "cli/load_progress.h"
 #include "cli/model_paths.h"
@@ -36,6 +38,7 @@ struct ServeArgs {
   int parallel = 1;
   std::string api_key;
   int threads = 0;
+  std::string device = "cpu";
   bool no_spec = false;
   int64_t block = 0;
   std::string alias;
@@ -56,6 +59,8 @@ void serve(const ServeArgs& a) {
   o.n_ctx = a.n_ctx;
   o.n_parallel = a.parallel;
   o.threads = a.threads;
+  o.make_backend = [device = a.device, threads = a.threads] { return make_backend(device, threads); };
+  o.backend_thread_safe = a.device == "cpu";
   o.api_key = a.api_key;
   o.max_body_bytes = a.max_body;
   // Missing files are usage-level mistakes: say so before listening rather than from /health.
@@ -125,6 +130,7 @@ void register_serve(CLI::App& app) {
   cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' (all endpoints but /health)")
       ->envname("DFLASH_API_KEY");
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 1024));
+  cmd->add_option("--device", a->device, kDeviceHelp);
   cmd->add_flag("--no-spec", a->no_spec, "plain decoding even with a drafter");
   cmd->add_option("--block", a->block, "verify block width B (2..the drafter's block; default: the drafter's block)")
       ->check(CLI::Range(2, 64));

@@ -12,6 +12,10 @@ int main(int argc, char** argv) {
   CLI::App app{"dflash: DFlash 2 speculative decoding engine (GGUF models)", "dflash"};
   app.set_version_flag("--version", std::string("dflash ") + dflash::cli::kVersion);
   app.require_subcommand(1);
+  app.footer(
+      "Run 'dflash COMMAND --help' for the options of a command.\n"
+      "Exit status: 0 success; 1 error (bad input, a missing or invalid file, a model that fails to load);\n"
+      "2 usage error (unknown command or option, missing or malformed argument).");
 
   dflash::cli::register_info(app);
   dflash::cli::register_quantize(app);

@@ -131,6 +131,7 @@ struct Server::Impl {
   std::condition_variable loaded_cv;
   std::string load_error;
   std::atomic<bool> stopping{false};
+  std::mutex backend_mu;   // serialises generations when !o.backend_thread_safe
   bool listening = false;  // listen() is inside httplib's accept loop (guarded by mu)
   int port = -1;
   std::thread load_thread, listen_thread;
@@ -346,7 +347,10 @@ struct Server::Impl {
     }
     m.created = static_cast<int64_t>(std::time(nullptr));
     log(fmt::format("loading {}{}", o.model_path, o.drafter_path.empty() ? "" : " with drafter " + o.drafter_path));
-    m.backend = make_cpu_backend(o.threads);
+    m.backend = o.make_backend ? o.make_backend() : make_cpu_backend(o.threads);
+    if (pool.size() > 1 && !o.backend_thread_safe)
+      log(fmt::format("{} slots on {}: weights are loaded once per slot, and generations run one at a time",
+                      pool.size(), m.backend->name()));
     m.target_file = std::make_unique<gguf::File>(gguf::File::open(o.model_path));
     if (o.on_file_open) o.on_file_open(*m.target_file);
     DFLASH_CHECK(m.target_file->has("tokenizer.ggml.tokens"),
@@ -473,6 +477,8 @@ struct Server::Impl {
     text::StreamDecoder dec(*model.tok, /*special=*/false);
     StopMatcher stops(r.stop);
     Outcome out;
+    std::unique_lock<std::mutex> serial(backend_mu, std::defer_lock);
+    if (!o.backend_thread_safe) serial.lock();
     try {
       out.st = slot.engine->generate(prompt, go, [&](int32_t t) {
         if (stopping.load()) {

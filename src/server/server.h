@@ -27,6 +27,9 @@
 #include <memory>
 #include <string>
 
+namespace dflash {
+class Backend;
+}
 namespace dflash::gguf {
 class File;
 }
@@ -42,6 +45,12 @@ struct ServerOptions {
   int64_t n_ctx = 4096;             // per slot: prompt + generated tokens
   int n_parallel = 1;               // slots
   int threads = 0;                  // CPU backend threads (0 = all cores)
+  // The compute backend (null: the CPU backend with `threads`). Every slot loads onto this one backend.
+  std::function<std::unique_ptr<Backend>()> make_backend;
+  // False for a backend whose ops must not be enqueued from several threads at once (the CUDA
+  // backend runs everything on one stream): generations then run one at a time (slots still keep
+  // their own caches). The CPU backend is stateless and can be shared.
+  bool backend_thread_safe = true;
   bool speculative = true;          // use the drafter when one is given
   int64_t block = 0;                // verify width (0 = the drafter's trained block size)
   std::string api_key;              // non-empty: every endpoint but /health needs "Authorization: Bearer KEY"
