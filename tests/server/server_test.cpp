@@ -419,5 +419,49 @@ TEST(Server, FollowUpsReuseTheirSlotsCache) {
   EXPECT_GT(metric(m, "dflash_prompt_tokens_reused_total"), 0);
 }
 
+// With the bundled trained pair (real text, so an answer re-tokenizes to the tokens that produced
+// it): chat follow-ups that repeat the conversation reuse their slot's cache, two conversations
+// interleaved on two slots each keep theirs, and every answer equals the plain greedy reference.
+TEST(Server, ChatFollowUpsReuseTheCacheOnTheBundledPair) {
+  const std::string target = DFLASH_SOURCE_DIR "/models/target.gguf";
+  const std::string drafter = DFLASH_SOURCE_DIR "/models/drafter.gguf";
+  if (!std::filesystem::exists(target) || !std::filesystem::exists(drafter)) GTEST_SKIP() << "no bundled pair";
+  TestServer ts([&] {
+    server::ServerOptions o;
+    o.model_path = target;
+    o.drafter_path = drafter;
+    o.n_parallel = 2;
+    return o;
+  }());
+  RefModel ref(target);
+  auto c = ts.client(120);
+  const std::vector<std::string> firsts = {"Write a Python function `add`: add two numbers",
+                                           "Write a Python function `is_even`: tell whether n is even"};
+  const std::vector<std::string> seconds = {"Write a Python function `sub`: subtract", "Now for odd numbers"};
+  std::vector<text::ChatMessage> conv[2];
+  for (int turn = 0; turn < 2; ++turn) {
+    for (int k = 0; k < 2; ++k) {
+      conv[k].push_back({"user", turn == 0 ? firsts[k] : seconds[k], std::nullopt});
+      const Reference want = ref.generate(ref.chat_prompt(conv[k]), 48);
+      json msgs = json::array();
+      for (const auto& m : conv[k]) msgs.push_back({{"role", m.role}, {"content", m.content}});
+      const json j = post_json(*c, "/v1/chat/completions", {{"messages", msgs}, {"max_tokens", 48}});
+      const std::string got = j["choices"][0]["message"]["content"];
+      EXPECT_EQ(got, want.text) << "turn " << turn << " conversation " << k;
+      const int64_t cached = j["usage"]["prompt_tokens_details"]["cached_tokens"];
+      if (turn == 0) {
+        EXPECT_EQ(cached, 0);
+      } else {
+        // The previous turn's prompt + answer, minus the answer's last token, was in this slot.
+        const std::vector<text::ChatMessage> before(conv[k].begin(), conv[k].end() - 2);
+        const Reference prev = ref.generate(ref.chat_prompt(before), 48);
+        EXPECT_EQ(cached, static_cast<int64_t>(prev.prompt.size() + prev.tokens.size() - 1))
+            << "conversation " << k;
+      }
+      conv[k].push_back({"assistant", got, std::nullopt});
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dflash::server_test
