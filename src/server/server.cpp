@@ -688,9 +688,15 @@ void Server::listen() {
 }
 
 void Server::start() {
-  impl_->listen_thread = std::thread([this] { listen(); });
-  // Return once the accept loop runs, so a client can connect right away.
-  while (!impl_->http.is_running() && !impl_->stopping.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto returned = std::make_shared<std::atomic<bool>>(false);
+  impl_->listen_thread = std::thread([this, returned] {
+    listen();
+    returned->store(true);
+  });
+  // Return once the accept loop runs (so a client can connect right away), or once listen() gave up
+  // (not bound, or stopped).
+  while (!impl_->http.is_running() && !returned->load() && !impl_->stopping.load())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 void Server::stop() {
