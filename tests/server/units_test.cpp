@@ -4,10 +4,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
+#include "cli/load_progress.h"
+#include "gguf/gguf.h"
 #include "server/api.h"
 #include "server/metrics.h"
 #include "server/slot_pool.h"
@@ -388,6 +391,28 @@ TEST(Metrics, RendersPrometheusText) {
         "# TYPE dflash_acceptance_length gauge\n"})
     EXPECT_NE(t.find(want), std::string::npos) << want << "\n" << t;
   EXPECT_EQ(m.requests("/v1/chat/completions", 200), 2);
+}
+
+// ---- the CLI's model prefetch (src/cli/load_progress.cpp) ---------------------------------------
+
+TEST(Prefetch, ReadsTheTensorDataAndReportsWithoutATerminal) {
+  const std::string path = testing::TempDir() + "dflash_prefetch_test.gguf";
+  gguf::Writer w;
+  w.set("general.architecture", gguf::Value::string("test"));
+  std::vector<float> x(1 << 16, 0.5f);
+  w.add_tensor("a.weight", GgmlType::F32, {256, 256},
+               {reinterpret_cast<const uint8_t*>(x.data()), x.size() * sizeof(float)});
+  w.write(path);
+  const gguf::File f = gguf::File::open(path);
+  testing::internal::CaptureStderr();
+  cli::prefetch_file(f, /*min_bytes=*/1 << 30);  // below the threshold: silent
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  testing::internal::CaptureStderr();
+  cli::prefetch_file(f, /*min_bytes=*/0);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("loading dflash_prefetch_test.gguf"), std::string::npos) << err;
+  EXPECT_NE(err.find("loaded dflash_prefetch_test.gguf in"), std::string::npos) << err;
+  std::remove(path.c_str());
 }
 
 }  // namespace
