@@ -157,7 +157,7 @@ std::unique_ptr<DFlashDrafter> DFlashDrafter::load(const gguf::File& file, Targe
 }
 
 DFlashDrafter::DFlashDrafter(const gguf::File& file, TargetModel& target, const DrafterOptions& options)
-    : target_(target), be_(target.backend()), opts_(options), name_(file.path()) {
+    : target_(target), be_(target.backend()), arena_(target.backend()), opts_(options), name_(file.path()) {
   cfg_ = read_drafter_config(file);
   check_drafter_fits_target(cfg_, name_, target.config(), "(loaded target)");
   DFLASH_CHECK(target.tap_layers() == cfg_.target_layers,
@@ -172,12 +172,10 @@ DFlashDrafter::DFlashDrafter(const gguf::File& file, TargetModel& target, const 
   allocate();
 }
 
-DFlashDrafter::~DFlashDrafter() {
-  for (void* p : owned_) be_.release(p);
-}
+DFlashDrafter::~DFlashDrafter() = default;
 
 void DFlashDrafter::load_weights(const gguf::File& file) {
-  WeightLoader L(file, be_);
+  WeightLoader L(file, arena_);
   const int64_t E = cfg_.n_embd, hd = cfg_.head_dim;
   const int64_t qw = cfg_.n_head * hd, kvw = cfg_.n_head_kv * hd;
   fc_ = L.matrix("fc.weight", cfg_.n_taps() * E, E);
@@ -237,7 +235,6 @@ void DFlashDrafter::load_weights(const gguf::File& file) {
     DFLASH_CHECK(cfg_.selector_top_k <= cfg_.n_vocab, "{}: selector_top_k {} exceeds the vocabulary of {}",
                  file.path(), cfg_.selector_top_k, cfg_.n_vocab);
   }
-  for (void* p : L.owned()) owned_.push_back(p);
 }
 
 void DFlashDrafter::allocate() {
@@ -255,9 +252,7 @@ void DFlashDrafter::allocate() {
     cap_ = target_.n_ctx();
   }
   auto alloc = [&](size_t bytes) {
-    void* p = be_.alloc(std::max<size_t>(bytes, 4));
-    owned_.push_back(p);
-    return p;
+    return arena_.alloc(std::max<size_t>(bytes, 4));
   };
   for (Layer& w : layers_) {
     w.k = static_cast<float*>(alloc(sizeof(float) * (cap_ + B) * kvw));

@@ -151,10 +151,10 @@ class DFlashDrafter final : public Drafter {
 
   TargetModel& target_;
   Backend& be_;
+  BackendArena arena_;  // every backend allocation (released even if loading throws)
   DrafterConfig cfg_;
   DrafterOptions opts_;
   std::string name_;
-  std::vector<void*> owned_;
   std::vector<Layer> layers_;
   WeightRef fc_, sel_hidden_;
   float* enc_norm_ = nullptr;     // [n_embd]

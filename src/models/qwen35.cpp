@@ -120,7 +120,7 @@ constexpr int64_t kChunkedThreshold = 32;  // prefill chunks at least this long 
 
 class Qwen35Model final : public TargetModel {
  public:
-  Qwen35Model(const gguf::File& file, Backend& be, const TargetOptions& opts) : be_(be) {
+  Qwen35Model(const gguf::File& file, Backend& be, const TargetOptions& opts) : be_(be), arena_(be) {
     cfg_ = read_target_config(file);
     n_ctx_ = std::min<int64_t>(std::max<int64_t>(opts.n_ctx, 1), std::max<int64_t>(cfg_.n_ctx_train, 1));
     max_rows_ = std::max<int64_t>(1, opts.max_rows);
@@ -132,9 +132,6 @@ class Qwen35Model final : public TargetModel {
     allocate_state();
   }
 
-  ~Qwen35Model() override {
-    for (void* p : owned_) be_.release(p);
-  }
 
   const TargetConfig& config() const override { return cfg_; }
   int64_t n_ctx() const override { return n_ctx_; }
@@ -169,9 +166,7 @@ class Qwen35Model final : public TargetModel {
 
   template <typename T>
   T* alloc(size_t count) {
-    void* p = be_.alloc(std::max<size_t>(count, 1) * sizeof(T));
-    owned_.push_back(p);
-    return static_cast<T*>(p);
+    return arena_.alloc_array<T>(count);
   }
 
   void load_weights(const gguf::File& file);
@@ -183,10 +178,10 @@ class Qwen35Model final : public TargetModel {
   void ffn_block(int il, const float* n, float* y, int64_t M);
 
   Backend& be_;
+  BackendArena arena_;  // every backend allocation of the model (released even if loading throws)
   TargetConfig cfg_;
   int64_t n_ctx_ = 0, max_rows_ = 0;
   std::vector<int64_t> taps_;
-  std::vector<void*> owned_;
 
   // global weights
   WeightRef tok_embd_, output_;
@@ -223,7 +218,7 @@ class Qwen35Model final : public TargetModel {
 // Loading
 
 void Qwen35Model::load_weights(const gguf::File& file) {
-  WeightLoader L(file, be_);
+  WeightLoader L(file, arena_);
   const int64_t E = cfg_.n_embd;
   const gguf::TensorInfo& te = file.tensor("token_embd.weight");
   DFLASH_CHECK(te.n_dims == 2 && te.ne[0] == E, "{}: tensor 'token_embd.weight' has shape {}, expected [{}, n_vocab]",
@@ -301,7 +296,6 @@ void Qwen35Model::load_weights(const gguf::File& file) {
                  "{}: prism rotates only one of {}ffn_gate / ffn_up; they share one input", file.path(), p);
     w.rot_ffn_down = is_rot(p + "ffn_down.weight");
   }
-  for (void* p : L.owned()) owned_.push_back(p);
 
   if (prism_) {
     signs_embd_ = upload_signs(E);

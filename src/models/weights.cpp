@@ -51,9 +51,8 @@ std::vector<float> WeightLoader::host_vector(const std::string& name, int64_t n)
 
 float* WeightLoader::vector(const std::string& name, int64_t n) {
   std::vector<float> host = host_vector(name, n);
-  auto* dev = static_cast<float*>(backend_.alloc(host.size() * sizeof(float)));
+  float* dev = arena_.alloc_array<float>(host.size());
   backend_.upload(dev, host.data(), host.size() * sizeof(float));
-  owned_.push_back(dev);
   return dev;
 }
 

@@ -12,7 +12,8 @@ namespace dflash {
 
 class WeightLoader {
  public:
-  WeightLoader(const gguf::File& file, Backend& backend) : file_(file), backend_(backend) {}
+  // Vectors are allocated in `arena` (owned by the model being loaded).
+  WeightLoader(const gguf::File& file, BackendArena& arena) : file_(file), backend_(arena.backend()), arena_(arena) {}
 
   // A matrix with GGUF ne = [in, out]; throws naming the tensor and the expected shape.
   WeightRef matrix(const std::string& name, int64_t in, int64_t out);
@@ -27,13 +28,11 @@ class WeightLoader {
   void expect_shape(const std::string& name, const std::vector<int64_t>& ne);
 
   const gguf::File& file() const { return file_; }
-  // Backend allocations made by vector(); the model releases them.
-  std::vector<void*>& owned() { return owned_; }
 
  private:
   const gguf::File& file_;
   Backend& backend_;
-  std::vector<void*> owned_;
+  BackendArena& arena_;
 };
 
 }  // namespace dflash

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "quant/types.h"
 
@@ -148,6 +149,34 @@ class Backend {
 
 // The CPU reference backend (always available).
 std::unique_ptr<Backend> make_cpu_backend(int n_threads = 0);
+
+// Owns a set of backend allocations and releases them when destroyed. As a member of a model it
+// frees what a constructor allocated before it threw (a half-built object's destructor never runs).
+class BackendArena {
+ public:
+  explicit BackendArena(Backend& be) : be_(be) {}
+  BackendArena(const BackendArena&) = delete;
+  BackendArena& operator=(const BackendArena&) = delete;
+  ~BackendArena() {
+    for (auto it = ptrs_.rbegin(); it != ptrs_.rend(); ++it) be_.release(*it);
+  }
+  // Zero-initialised backend memory of at least one byte.
+  void* alloc(size_t bytes) {
+    ptrs_.reserve(ptrs_.size() + 1);  // so push_back cannot throw after the allocation
+    void* p = be_.alloc(bytes ? bytes : 1);
+    ptrs_.push_back(p);
+    return p;
+  }
+  template <typename T>
+  T* alloc_array(size_t count) {
+    return static_cast<T*>(alloc(count * sizeof(T)));
+  }
+  Backend& backend() const { return be_; }
+
+ private:
+  Backend& be_;
+  std::vector<void*> ptrs_;
+};
 
 // RAII backend allocation of `count` elements of T.
 template <typename T>
