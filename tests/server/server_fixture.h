@@ -30,10 +30,19 @@ namespace dflash::server_test {
 
 using json = nlohmann::json;
 
+// A per-process temp directory (ctest runs each test as its own process, maybe in parallel), removed
+// when the process exits.
 inline std::string temp_path(const std::string& name) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("dflash_server_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  static const fs::path dir = [] {
+    const fs::path d = fs::temp_directory_path() / ("dflash_server_test_" + std::to_string(::getpid()));
+    fs::create_directories(d);
+    std::atexit([] {
+      std::error_code ec;
+      fs::remove_all(fs::temp_directory_path() / ("dflash_server_test_" + std::to_string(::getpid())), ec);
+    });
+    return d;
+  }();
   return (dir / name).string();
 }
 
