@@ -70,11 +70,15 @@ std::string random_id(const char* prefix) {
 // When the current request started (each request runs start to end on one worker thread).
 thread_local Clock::time_point t_request_start;
 
-const std::set<std::string>& known_paths() {
-  static const std::set<std::string> paths = {
+// A constant table, not a static std::set: worker threads of a server that is still running while
+// the process exits (a test's shared server) must not read a container the exit handlers destroyed.
+bool is_known_path(std::string_view path) {
+  static constexpr std::string_view kPaths[] = {
       "/health", "/metrics", "/v1/models", "/models", "/v1/chat/completions", "/chat/completions",
       "/v1/completions", "/completions", "/tokenize", "/detokenize"};
-  return paths;
+  for (std::string_view p : kPaths)
+    if (p == path) return true;
+  return false;
 }
 
 // httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into the Debian library):
@@ -175,7 +179,7 @@ struct Server::Impl {
       send_error(res, ApiError(500, "internal error: " + what, "server_error"));
     });
     http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-      const std::string endpoint = known_paths().count(req.path) ? req.path : "other";
+      const std::string endpoint = is_known_path(req.path) ? req.path : "other";
       metrics.count_request(endpoint, res.status);
       if (o.log) {
         const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t_request_start).count();
@@ -628,7 +632,7 @@ struct Server::Impl {
                 send(u);
               }
             }
-            static const std::string kDone = "data: [DONE]\n\n";
+            static constexpr std::string_view kDone = "data: [DONE]\n\n";
             sink.write(kDone.data(), kDone.size());
             sink.done();
             return true;

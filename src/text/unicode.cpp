@@ -132,8 +132,9 @@ uint8_t compute_class(uint32_t cp) {
 // The BMP's classes in one 64 KiB table, built once (utf8proc's lookup is two table reads plus a
 // call; the scanner asks for every character).
 const std::array<uint8_t, 0x10000>& bmp_classes() {
-  static const std::unique_ptr<std::array<uint8_t, 0x10000>> table = [] {
-    auto t = std::make_unique<std::array<uint8_t, 0x10000>>();
+  // Never destroyed: threads still tokenizing while the process exits may read it.
+  static const std::array<uint8_t, 0x10000>* const table = [] {
+    auto* t = new std::array<uint8_t, 0x10000>();
     for (uint32_t cp = 0; cp < 0x10000; ++cp) (*t)[cp] = compute_class(cp);
     return t;
   }();

@@ -2,6 +2,7 @@
 // httplib::Client: answers equal the plain greedy output (the served pair decodes speculatively, so
 // this also checks that the served path is lossless), streaming equals non-streaming, stop strings,
 // limits, errors in OpenAI's shape, auth, tokenize, metrics, the loading state and cache reuse.
+#include <memory>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -26,14 +27,24 @@ json post_json(httplib::Client& c, const std::string& path, const json& body, in
   return json::parse(r->body, nullptr, false);
 }
 
-// One shared server for the tests that do not need special options.
+// One shared server for the tests that do not need special options. It is stopped by a gtest
+// environment's TearDown, before static destruction: its worker threads must not outlive the
+// process-wide objects they use (the quant thread pool, ...).
+class SharedServerEnv : public ::testing::Environment {
+ public:
+  void TearDown() override { server.reset(); }
+  std::unique_ptr<TestServer> server;
+};
+SharedServerEnv* const g_shared_env =
+    static_cast<SharedServerEnv*>(::testing::AddGlobalTestEnvironment(new SharedServerEnv));
+
 TestServer& shared() {
-  static TestServer s([] {
+  if (!g_shared_env->server) {
     server::ServerOptions o;
     o.n_parallel = 2;
-    return o;
-  }());
-  return s;
+    g_shared_env->server = std::make_unique<TestServer>(o);
+  }
+  return *g_shared_env->server;
 }
 
 TEST(Server, HealthAndModels) {
