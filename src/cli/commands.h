@@ -18,6 +18,7 @@ void register_quantize(CLI::App& app);  // cmd_quantize.cpp: re-quantize the wei
 void register_dump(CLI::App& app);      // cmd_dump.cpp: one tensor dequantized to f32
 void register_run(CLI::App& app);       // cmd_run.cpp: greedy generation, plain or speculative
 void register_synth(CLI::App& app);     // cmd_synth.cpp: random-weight target models
+void register_bench(CLI::App& app);     // cmd_bench.cpp: prefill / decode / verify / speculative speed table
 void register_synth_drafter(CLI::App& app);  // cmd_synth_drafter.cpp: random-weight DFlash drafters
 void register_draft(CLI::App& app);     // cmd_draft.cpp: one traced drafter forward (the z-lab oracle)
 void register_convert(CLI::App& app);   // cmd_convert.cpp: Hugging Face checkpoint -> GGUF

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   dflash::cli::register_dump(app);
   dflash::cli::register_run(app);
   dflash::cli::register_synth(app);
+  dflash::cli::register_bench(app);
   dflash::cli::register_synth_drafter(app);
   dflash::cli::register_draft(app);
   dflash::cli::register_convert(app);

@@ -68,3 +68,26 @@ TEST_F(BundledModel, QuantizeToPq20IsLossless) {
 
 }  // namespace
 }  // namespace dflash::cli::bundled_test
+
+namespace dflash::cli::bundled_test {
+namespace {
+
+// `dflash bench` produces every row, with rates and the floor comparison (numbers are not asserted:
+// speed is measured in benchmarks, never in tests).
+TEST_F(BundledModel, BenchReportsEveryRow) {
+  const auto r = run("bench -r 1 -n 8 -p 16 -t 2 --json", "DFLASH_MODELS_DIR=" + shell_quote(kModels.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  std::vector<std::string> tests;
+  for (const auto& row : j["rows"]) {
+    tests.push_back(row["test"]);
+    EXPECT_GT(row["tokens_per_second"].get<double>(), 0.0) << row.dump();
+  }
+  EXPECT_EQ(tests, (std::vector<std::string>{"pp16", "tg8", "verify8", "spec8 b8"}));
+  EXPECT_TRUE(j["rows"][1].contains("percent_of_floor"));
+  EXPECT_GT(j["read_bandwidth_gbs"].get<double>(), 0.0);
+  EXPECT_GT(j["rows"][3]["acceptance_length"].get<double>(), 1.0);  // the bundled drafter accepts something
+}
+
+}  // namespace
+}  // namespace dflash::cli::bundled_test
