@@ -22,14 +22,6 @@
 #include "util/error.h"
 
 namespace dflash {
-namespace {
-
-int64_t require_int(const gguf::File& f, const std::string& key) {
-  DFLASH_CHECK(f.has(key), "{}: required metadata key '{}' is missing", f.path(), key);
-  return f.get_int(key);
-}
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Hyper-parameters
@@ -39,10 +31,10 @@ DrafterConfig read_drafter_config(const gguf::File& f) {
   DFLASH_CHECK(arch == "dflash", "{}: general.architecture is '{}'; a drafter file has 'dflash'", f.path(), arch);
   const std::string p = "dflash.";
   DrafterConfig c;
-  c.n_layer = require_int(f, p + "block_count");
-  c.n_embd = require_int(f, p + "embedding_length");
-  c.n_ff = require_int(f, p + "feed_forward_length");
-  c.n_head = require_int(f, p + "attention.head_count");
+  c.n_layer = f.get_int(p + "block_count");
+  c.n_embd = f.get_int(p + "embedding_length");
+  c.n_ff = f.get_int(p + "feed_forward_length");
+  c.n_head = f.get_int(p + "attention.head_count");
   c.n_head_kv = f.get_int_or(p + "attention.head_count_kv", c.n_head);
   DFLASH_CHECK(c.n_layer > 0 && c.n_embd > 0 && c.n_ff > 0,
                "{}: dflash.block_count, embedding_length and feed_forward_length must be positive", f.path());
@@ -62,7 +54,7 @@ DrafterConfig read_drafter_config(const gguf::File& f) {
   DFLASH_CHECK(c.rope_theta > 0 && c.n_rot > 0 && c.n_rot % 2 == 0 && c.n_rot <= c.head_dim,
                "{}: dflash.rope.freq_base {} / dimension_count {} invalid for head dim {}", f.path(), c.rope_theta,
                c.n_rot, c.head_dim);
-  c.block_size = require_int(f, p + "block_size");
+  c.block_size = f.get_int(p + "block_size");
   DFLASH_CHECK(c.block_size >= 2 && c.block_size <= 64, "{}: dflash.block_size {} must be 2..64", f.path(),
                c.block_size);
   DFLASH_CHECK(f.has(p + "target_layers"), "{}: required metadata key 'dflash.target_layers' is missing", f.path());

@@ -20,17 +20,9 @@
 #include "util/error.h"
 
 namespace dflash {
-namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Hyper-parameters
-
-int64_t require_int(const gguf::File& f, const std::string& key) {
-  DFLASH_CHECK(f.has(key), "{}: required metadata key '{}' is missing", f.path(), key);
-  return f.get_int(key);
-}
-
-}  // namespace
+// Hyper-parameters (a missing required key: gguf::File::get_int names it)
 
 TargetConfig read_target_config(const gguf::File& f) {
   TargetConfig c;
@@ -38,11 +30,11 @@ TargetConfig read_target_config(const gguf::File& f) {
   DFLASH_CHECK(c.arch == "qwen35" || c.arch == "qwen3",
                "{}: general.architecture is '{}'; dflash runs 'qwen35' and 'qwen3' targets", f.path(), c.arch);
   const std::string p = c.arch + ".";
-  c.n_layer = require_int(f, p + "block_count");
-  c.n_embd = require_int(f, p + "embedding_length");
-  c.n_ff = require_int(f, p + "feed_forward_length");
+  c.n_layer = f.get_int(p + "block_count");
+  c.n_embd = f.get_int(p + "embedding_length");
+  c.n_ff = f.get_int(p + "feed_forward_length");
   c.n_ctx_train = f.get_int_or(p + "context_length", 4096);
-  c.n_head = require_int(f, p + "attention.head_count");
+  c.n_head = f.get_int(p + "attention.head_count");
   c.n_head_kv = f.get_int_or(p + "attention.head_count_kv", c.n_head);
   DFLASH_CHECK(c.n_head > 0 && c.n_head_kv > 0 && c.n_head % c.n_head_kv == 0,
                "{}: attention.head_count {} is not a positive multiple of head_count_kv {}", f.path(), c.n_head,
@@ -62,11 +54,11 @@ TargetConfig read_target_config(const gguf::File& f) {
     c.attn_output_gate = true;
     c.full_attn_interval = f.get_int_or(p + "full_attention_interval", 4);
     DFLASH_CHECK(c.full_attn_interval > 0, "{}: full_attention_interval must be positive", f.path());
-    c.ssm_conv_kernel = require_int(f, p + "ssm.conv_kernel");
-    c.ssm_inner = require_int(f, p + "ssm.inner_size");
-    c.ssm_head_k = require_int(f, p + "ssm.state_size");
-    c.ssm_v_heads = require_int(f, p + "ssm.time_step_rank");
-    c.ssm_k_heads = require_int(f, p + "ssm.group_count");
+    c.ssm_conv_kernel = f.get_int(p + "ssm.conv_kernel");
+    c.ssm_inner = f.get_int(p + "ssm.inner_size");
+    c.ssm_head_k = f.get_int(p + "ssm.state_size");
+    c.ssm_v_heads = f.get_int(p + "ssm.time_step_rank");
+    c.ssm_k_heads = f.get_int(p + "ssm.group_count");
     DFLASH_CHECK(c.ssm_conv_kernel >= 1 && c.ssm_conv_kernel <= 16, "{}: ssm.conv_kernel {} out of range", f.path(),
                  c.ssm_conv_kernel);
     DFLASH_CHECK(c.ssm_k_heads > 0 && c.ssm_v_heads > 0 && c.ssm_v_heads % c.ssm_k_heads == 0 &&
