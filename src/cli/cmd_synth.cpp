@@ -7,11 +7,12 @@
 #include <fmt/format.h>
 
 #include <chrono>
-#include <unistd.h>
+#include <functional>
 
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "cli/load_progress.h"
 #include "models/synth.h"
 #include "util/error.h"
 
@@ -85,15 +86,9 @@ void synth(const SynthArgs& a) {
   s.tied_output = a.tied;
 
   const auto t0 = std::chrono::steady_clock::now();
-  int last_pct = -1;
-  synth_target(s, a.out, [&](uint64_t done, uint64_t total) {
-    const int pct = total ? static_cast<int>(100 * done / total) : 100;
-    if (pct != last_pct && isatty(fileno(stderr))) {
-      fmt::print(stderr, "\rwriting {}: {:3d}%", a.out, pct);
-      last_pct = pct;
-    }
-  });
-  if (last_pct >= 0) fmt::print(stderr, "\n");
+  PercentProgress progress("writing " + a.out);
+  synth_target(s, a.out, std::ref(progress));
+  progress.finish();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print("wrote {} ({} {} layers, hidden {}, vocab {}, {}{}) in {:.1f} s\n", a.out, s.arch, s.n_layer, s.n_embd,
              s.n_vocab, type_name(s.matmul_type), s.prism ? ", prism" : "", secs);

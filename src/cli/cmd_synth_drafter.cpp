@@ -7,13 +7,14 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <cstdio>
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/load_progress.h"
 #include "gguf/gguf.h"
 #include "models/synth_drafter.h"
 #include "models/target.h"
@@ -116,15 +117,9 @@ void synth(const SynthDrafterArgs& a) {
   s.seed = a.seed;
 
   const auto t0 = std::chrono::steady_clock::now();
-  int last_pct = -1;
-  synth_drafter(s, a.out, [&](uint64_t done, uint64_t total) {
-    const int pct = total ? static_cast<int>(100 * done / total) : 100;
-    if (pct != last_pct && isatty(fileno(stderr))) {
-      fmt::print(stderr, "\rwriting {}: {:3d}%", a.out, pct);
-      last_pct = pct;
-    }
-  });
-  if (last_pct >= 0) fmt::print(stderr, "\n");
+  PercentProgress progress("writing " + a.out);
+  synth_drafter(s, a.out, std::ref(progress));
+  progress.finish();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print("wrote {} ({} drafter, {} layers, hidden {}, vocab {}, taps [{}], {}) in {:.1f} s\n", a.out,
              s.dflash2 ? "DFlash 2" : "DFlash v1", s.n_layer, s.n_embd, s.n_vocab, fmt::join(s.target_layers, ", "),

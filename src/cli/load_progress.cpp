@@ -69,4 +69,17 @@ void prefetch_file(const gguf::File& file, uint64_t min_bytes) {
     fmt::print(stderr, "loaded {} in {:.1f} s\n", name, elapsed());
 }
 
+void PercentProgress::operator()(uint64_t done, uint64_t total) {
+  const int pct = total ? static_cast<int>(100 * done / total) : 100;
+  if (pct != last_pct_ && isatty(fileno(stderr))) {
+    fmt::print(stderr, "\r{}: {:3d}%", label_, pct);
+    last_pct_ = pct;
+  }
+}
+
+void PercentProgress::finish() {
+  if (last_pct_ >= 0) fmt::print(stderr, "\n");
+  last_pct_ = -1;
+}
+
 }  // namespace dflash::cli

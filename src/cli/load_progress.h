@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace dflash::gguf {
 class File;
@@ -18,5 +19,18 @@ namespace dflash::cli {
 // Prefetches the tensor data of `file`. Files smaller than `min_bytes` are skipped. The bar is drawn
 // (with \r) only when stderr is a terminal; otherwise one line is printed at the start and the end.
 void prefetch_file(const gguf::File& file, uint64_t min_bytes = 256ull << 20);
+
+// "\r<label>: NN%" on stderr while a long job (writing a file) makes progress, on a terminal only;
+// usable as a progress(done, total) callback. finish() ends the line if one was drawn.
+class PercentProgress {
+ public:
+  explicit PercentProgress(std::string label) : label_(std::move(label)) {}
+  void operator()(uint64_t done, uint64_t total);
+  void finish();
+
+ private:
+  std::string label_;
+  int last_pct_ = -1;
+};
 
 }  // namespace dflash::cli
