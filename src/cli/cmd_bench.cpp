@@ -166,6 +166,7 @@ void bench(const BenchArgs& a) {
     const DrafterConfig dc = read_drafter_config(*dfile);
     check_drafter_fits_target(dc, drafter_path, read_target_config(file), model_path);
     topts.tap_layers = dc.target_layers;
+    topts.max_undo_rows = dc.block_size;
   }
   const auto t_load = Clock::now();
   auto model = TargetModel::load(file, *be, topts);

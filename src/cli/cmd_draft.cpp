@@ -56,6 +56,7 @@ void draft(const DraftArgs& a) {
   TargetOptions to;
   to.n_ctx = a.n_ctx;
   to.tap_layers = dc.target_layers;
+  to.max_undo_rows = dc.block_size;
   auto target = TargetModel::load(tf, *backend, to);
   DrafterOptions dopts;
   DFLASH_CHECK(a.context == "reference" || a.context == "sink-window",

@@ -107,7 +107,6 @@ struct LayerState {
   float* ssm_snapshots = nullptr;      // [max_undo_rows, Hv*head_k*head_v]
 };
 
-constexpr int64_t kMaxUndoRows = 16;
 constexpr int64_t kChunkedThreshold = 32;  // prefill chunks at least this long use the chunked GDN form
 
 class Qwen35Model final : public TargetModel {
@@ -116,6 +115,7 @@ class Qwen35Model final : public TargetModel {
     cfg_ = read_target_config(file);
     n_ctx_ = std::min<int64_t>(std::max<int64_t>(opts.n_ctx, 1), std::max<int64_t>(cfg_.n_ctx_train, 1));
     max_rows_ = std::max<int64_t>(1, opts.max_rows);
+    max_undo_rows_ = std::max<int64_t>(1, opts.max_undo_rows);
     taps_ = opts.tap_layers;
     for (int64_t t : taps_)
       DFLASH_CHECK(t >= 0 && t <= cfg_.n_layer, "tap layer {} is outside 0..{} (the target has {} layers)", t,
@@ -172,7 +172,7 @@ class Qwen35Model final : public TargetModel {
   Backend& be_;
   BackendArena arena_;  // every backend allocation of the model (released even if loading throws)
   TargetConfig cfg_;
-  int64_t n_ctx_ = 0, max_rows_ = 0;
+  int64_t n_ctx_ = 0, max_rows_ = 0, max_undo_rows_ = 0;
   std::vector<int64_t> taps_;
 
   // global weights
@@ -331,8 +331,8 @@ void Qwen35Model::allocate_state() {
       s.conv_state = alloc<float>((size_t)km1 * conv_dim());
       s.ssm_state = alloc<float>(ssm_state_elems());
       s.conv_state_before = alloc<float>((size_t)km1 * conv_dim());
-      s.conv_inputs = alloc<float>((size_t)kMaxUndoRows * conv_dim());
-      s.ssm_snapshots = alloc<float>((size_t)kMaxUndoRows * ssm_state_elems());
+      s.conv_inputs = alloc<float>((size_t)max_undo_rows_ * conv_dim());
+      s.ssm_snapshots = alloc<float>((size_t)max_undo_rows_ * ssm_state_elems());
       widest = std::max(widest, conv_dim());
     }
   }
@@ -462,8 +462,8 @@ ForwardResult Qwen35Model::forward(std::span<const int32_t> tokens, const Forwar
   const int64_t M = static_cast<int64_t>(tokens.size());
   const int64_t E = cfg_.n_embd;
   DFLASH_CHECK(M >= 1 && M <= max_rows_, "forward of {} rows: must be 1..{}", M, max_rows_);
-  DFLASH_CHECK(!opts.undoable || M <= kMaxUndoRows, "an undoable forward takes at most {} rows, got {}",
-               kMaxUndoRows, M);
+  DFLASH_CHECK(!opts.undoable || M <= max_undo_rows_,
+               "an undoable forward takes at most {} rows (TargetOptions.max_undo_rows), got {}", max_undo_rows_, M);
   DFLASH_CHECK(n_past_ + M <= n_ctx_, "context full: {} cached + {} new tokens exceed the context of {} tokens",
                n_past_, M, n_ctx_);
   for (int64_t m = 0; m < M; ++m)

@@ -51,6 +51,9 @@ struct TargetOptions {
   int64_t n_ctx = 4096;      // KV cache length (clamped to the trained context)
   int64_t max_rows = 64;     // the most rows one forward() processes (prefill chunk size)
   std::vector<int64_t> tap_layers;  // layer-input ids whose residual stream forward() returns (SPEC 2.5)
+  // The most rows an undoable (verify) forward takes: per-row GDN snapshots are reserved for this
+  // many rows (27B: 3 MiB x 48 layers per row). Set it to the drafter's block size.
+  int64_t max_undo_rows = 16;
 };
 
 enum class LogitRows { kNone, kLast, kAll };
