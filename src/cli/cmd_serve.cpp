@@ -110,8 +110,11 @@ void serve(const ServeArgs& a) {
   pthread_kill(sig_thread.native_handle(), SIGUSR1);
   sig_thread.join();
   monitor.join();
-  if (srv.state() == server::Server::State::kFailed) fail("{}", srv.load_error());
-  if (got_signal) fmt::print(stderr, "dflash serve: stopped ({})\n", got_signal == SIGINT ? "SIGINT" : "SIGTERM");
+  // A signal is a requested stop (exit 0), also when it comes while the model is still loading.
+  if (srv.state() == server::Server::State::kFailed && !got_signal) fail("{}", srv.load_error());
+  if (got_signal)
+    fmt::print(stderr, "dflash serve: stopped ({}){}\n", got_signal == SIGINT ? "SIGINT" : "SIGTERM",
+               srv.state() == server::Server::State::kReady ? "" : " before the model finished loading");
 }
 
 }  // namespace
