@@ -256,6 +256,9 @@ void DFlashDrafter::allocate() {
   d_ids_ = static_cast<int32_t*>(alloc(sizeof(int32_t) * B));
   d_pos_ = static_cast<int32_t*>(alloc(sizeof(int32_t) * std::max(B, chunk)));
   d_range_ = static_cast<int32_t*>(alloc(sizeof(int32_t) * 2 * B));
+  d_slot_ = static_cast<int32_t*>(alloc(sizeof(int32_t) * B));
+  kb_ = static_cast<float*>(alloc(sizeof(float) * B * kvw));
+  vb_ = static_cast<float*>(alloc(sizeof(float) * B * kvw));
   d_topk_ids_ = static_cast<int32_t*>(alloc(sizeof(int32_t) * rows * topk));
   d_topk_vals_ = static_cast<float*>(alloc(sizeof(float) * rows * topk));
   taps_ = static_cast<float*>(alloc(sizeof(float) * chunk * cfg_.n_taps() * E));
@@ -389,17 +392,16 @@ void DFlashDrafter::codebook_row(int which, int32_t token, float* out) const {
 }
 
 std::vector<int32_t> DFlashDrafter::draft(int32_t anchor) {
-  const int64_t B = cfg_.block_size, E = cfg_.n_embd, hd = cfg_.head_dim;
-  const int64_t H = cfg_.n_head, Hkv = cfg_.n_head_kv, kvw = Hkv * hd;
-  const int64_t K = cfg_.conv_kernel, G = cfg_.conv_groups(), P2 = cfg_.conv_proj_out();
+  const int64_t B = cfg_.block_size, E = cfg_.n_embd;
   const int64_t V = target_.config().n_vocab, rows = B - 1;
   DFLASH_CHECK(anchor >= 0 && anchor < V, "drafter: anchor token {} outside the vocabulary of {}", anchor, V);
   const int64_t P = ctx_end_, C = context_rows();
 
-  std::vector<int32_t> ids(B, cfg_.mask_token), pos(B), range(2 * B);
+  std::vector<int32_t> ids(B, cfg_.mask_token), pos(B), range(2 * B), slot(B);
   ids[0] = anchor;
   for (int64_t i = 0; i < B; ++i) {
     pos[i] = static_cast<int32_t>(P + i);
+    slot[i] = static_cast<int32_t>(C + i);  // block keys/values follow the context rows
     const auto [lo, hi] = key_range(P, i);
     range[2 * i] = lo;
     range[2 * i + 1] = hi;
@@ -407,7 +409,40 @@ std::vector<int32_t> DFlashDrafter::draft(int32_t anchor) {
   be_.upload(d_ids_, ids.data(), sizeof(int32_t) * B);
   be_.upload(d_pos_, pos.data(), sizeof(int32_t) * B);
   be_.upload(d_range_, range.data(), sizeof(int32_t) * 2 * B);
+  be_.upload(d_slot_, slot.data(), sizeof(int32_t) * B);
+  graphs_.run(0, [&] { draft_ops(); });
 
+  trace_ = DraftTrace{};
+  trace_.position = P;
+  if (keep_trace_) {
+    trace_.hidden.resize(static_cast<size_t>(B * E));
+    be_.download(trace_.hidden.data(), n_, sizeof(float) * B * E);
+    trace_.logits.resize(static_cast<size_t>(rows * V));
+    be_.download(trace_.logits.data(), logits_, sizeof(float) * rows * V);
+  }
+  if (!cfg_.dflash2()) {
+    trace_.tokens.resize(rows);
+    be_.download(trace_.tokens.data(), d_topk_ids_, sizeof(int32_t) * rows);
+    return trace_.tokens;
+  }
+  const int64_t k = cfg_.selector_top_k, R = cfg_.selector_rank;
+  trace_.candidates.resize(rows * k);
+  trace_.candidate_logits.resize(rows * k);
+  trace_.selector_hidden.resize(rows * R);
+  be_.download(trace_.candidates.data(), d_topk_ids_, sizeof(int32_t) * rows * k);
+  be_.download(trace_.candidate_logits.data(), d_topk_vals_, sizeof(float) * rows * k);
+  be_.download(trace_.selector_hidden.data(), g_, sizeof(float) * rows * R);
+  trace_.tokens = selector_walk(anchor, rows, k, R, trace_.candidates.data(), trace_.candidate_logits.data(),
+                                trace_.selector_hidden.data(),
+                                [this](int which, int32_t tok, float* out) { codebook_row(which, tok, out); });
+  return trace_.tokens;
+}
+
+void DFlashDrafter::draft_ops() {
+  const int64_t B = cfg_.block_size, E = cfg_.n_embd, hd = cfg_.head_dim;
+  const int64_t H = cfg_.n_head, Hkv = cfg_.n_head_kv, kvw = Hkv * hd;
+  const int64_t K = cfg_.conv_kernel, G = cfg_.conv_groups(), P2 = cfg_.conv_proj_out();
+  const int64_t V = target_.config().n_vocab, rows = B - 1;
   target_.embed(d_ids_, x_, B);  // the target's embedding (prism inverse rotation included)
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (Layer& w : layers_) {
@@ -419,15 +454,16 @@ std::vector<int32_t> DFlashDrafter::draft(int32_t anchor) {
       be_.dflash_conv(n_, w.attn_conv_base, dyn_, P2, nullptr, u_, B, E, K, cfg_.conv_group);
       ain = u_;
     }
-    float* kb = w.k + C * kvw;  // block keys/values follow the context rows
-    float* vb = w.v + C * kvw;
     be_.matmul(w.wq, ain, q_, B);
-    be_.matmul(w.wk, ain, kb, B);
-    be_.matmul(w.wv, ain, vb, B);
+    be_.matmul(w.wk, ain, kb_, B);
+    be_.matmul(w.wv, ain, vb_, B);
     be_.rms_norm(q_, w.q_norm, q_, B * H, hd, cfg_.rms_eps);
-    be_.rms_norm(kb, w.k_norm, kb, B * Hkv, hd, cfg_.rms_eps);
+    be_.rms_norm(kb_, w.k_norm, kb_, B * Hkv, hd, cfg_.rms_eps);
     be_.rope_neox(q_, d_pos_, B, H, hd, cfg_.n_rot, cfg_.rope_theta);
-    be_.rope_neox(kb, d_pos_, B, Hkv, hd, cfg_.n_rot, cfg_.rope_theta);
+    be_.rope_neox(kb_, d_pos_, B, Hkv, hd, cfg_.n_rot, cfg_.rope_theta);
+    // block keys/values go after the context rows (slots in device memory: one graph every draft)
+    be_.scatter_rows(w.k, kvw, cap_ + B, d_slot_, kb_, kvw, B, kvw);
+    be_.scatter_rows(w.v, kvw, cap_ + B, d_slot_, vb_, kvw, B, kvw);
     be_.attention(q_, w.k, w.v, d_range_, attn_, B, H, Hkv, hd, scale);
     be_.matmul(w.wo, attn_, o_, B);
     if (K > 0)
@@ -454,34 +490,12 @@ std::vector<int32_t> DFlashDrafter::draft(int32_t anchor) {
   be_.rms_norm(x_, out_norm_, n_, B, E, cfg_.rms_eps);  // h [B, E]
   const float* h1 = n_ + E;                              // rows 1..B-1 predict the block's tokens
   target_.lm_head(h1, logits_, rows);                    // the target's head, no target final norm
-
-  trace_ = DraftTrace{};
-  trace_.position = P;
-  if (keep_trace_) {
-    trace_.hidden.resize(static_cast<size_t>(B * E));
-    be_.download(trace_.hidden.data(), n_, sizeof(float) * B * E);
-    trace_.logits.resize(static_cast<size_t>(rows * V));
-    be_.download(trace_.logits.data(), logits_, sizeof(float) * rows * V);
-  }
   if (!cfg_.dflash2()) {
-    trace_.tokens.resize(rows);
     be_.argmax(logits_, d_topk_ids_, rows, V);
-    be_.download(trace_.tokens.data(), d_topk_ids_, sizeof(int32_t) * rows);
-    return trace_.tokens;
+    return;
   }
-  const int64_t k = cfg_.selector_top_k, R = cfg_.selector_rank;
-  be_.top_k(logits_, d_topk_ids_, d_topk_vals_, rows, V, k);
+  be_.top_k(logits_, d_topk_ids_, d_topk_vals_, rows, V, cfg_.selector_top_k);
   be_.matmul(sel_hidden_, h1, g_, rows);  // g = selector_hidden . h_p  [rows, R]
-  trace_.candidates.resize(rows * k);
-  trace_.candidate_logits.resize(rows * k);
-  trace_.selector_hidden.resize(rows * R);
-  be_.download(trace_.candidates.data(), d_topk_ids_, sizeof(int32_t) * rows * k);
-  be_.download(trace_.candidate_logits.data(), d_topk_vals_, sizeof(float) * rows * k);
-  be_.download(trace_.selector_hidden.data(), g_, sizeof(float) * rows * R);
-  trace_.tokens = selector_walk(anchor, rows, k, R, trace_.candidates.data(), trace_.candidate_logits.data(),
-                                trace_.selector_hidden.data(),
-                                [this](int which, int32_t tok, float* out) { codebook_row(which, tok, out); });
-  return trace_.tokens;
 }
 
 }  // namespace dflash

@@ -24,6 +24,7 @@
 #include "gguf/gguf.h"
 #include "models/target.h"
 #include "ops/backend.h"
+#include "ops/step_graphs.h"
 
 namespace dflash {
 
@@ -148,6 +149,8 @@ class DFlashDrafter final : public Drafter {
   void evict(int64_t incoming);
   void move_rows(int64_t dst, int64_t src, int64_t n);
   void codebook_row(int which, int32_t token, float* out) const;
+  // The draft's ops after its inputs are uploaded: embedding .. top-k and selector features.
+  void draft_ops();
 
   TargetModel& target_;
   Backend& be_;
@@ -175,6 +178,8 @@ class DFlashDrafter final : public Drafter {
   int32_t* d_ids_ = nullptr;      // [B]
   int32_t* d_pos_ = nullptr;      // [max(B, chunk)]
   int32_t* d_range_ = nullptr;    // [B, 2]
+  int32_t* d_slot_ = nullptr;     // [B] K/V store rows of the block's keys (context rows .. + B - 1)
+  float *kb_ = nullptr, *vb_ = nullptr;  // [B, n_head_kv*hd] the block's new keys / values
   int32_t* d_topk_ids_ = nullptr; // [B-1, top_k]
   float *d_topk_vals_ = nullptr;  // [B-1, top_k]
   float *taps_ = nullptr, *c_ = nullptr;  // [chunk, n_taps*n_embd], [chunk, n_embd]
@@ -186,6 +191,7 @@ class DFlashDrafter final : public Drafter {
   float *g_ = nullptr;            // [B-1, rank]
   bool keep_trace_ = false;
   DraftTrace trace_;
+  StepGraphCache graphs_{be_};  // the draft step as a graph (CUDA)
 };
 
 // ---------------------------------------------------------------------------------------------

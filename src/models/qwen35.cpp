@@ -16,6 +16,7 @@
 
 #include "models/target.h"
 #include "models/weights.h"
+#include "ops/step_graphs.h"
 #include "prism/rotation.h"
 #include "util/error.h"
 
@@ -111,7 +112,7 @@ constexpr int64_t kChunkedThreshold = 32;  // prefill chunks at least this long 
 
 class Qwen35Model final : public TargetModel {
  public:
-  Qwen35Model(const gguf::File& file, Backend& be, const TargetOptions& opts) : be_(be), arena_(be) {
+  Qwen35Model(const gguf::File& file, Backend& be, const TargetOptions& opts) : be_(be), arena_(be), graphs_(be) {
     cfg_ = read_target_config(file);
     n_ctx_ = std::min<int64_t>(std::max<int64_t>(opts.n_ctx, 1), std::max<int64_t>(cfg_.n_ctx_train, 1));
     max_rows_ = std::max<int64_t>(1, opts.max_rows);
@@ -168,9 +169,20 @@ class Qwen35Model final : public TargetModel {
   void attention_block(int il, const float* n, float* y, int64_t M);
   void gdn_block(int il, const float* n, float* y, int64_t M, bool undoable);
   void ffn_block(int il, const float* n, float* y, int64_t M);
+  // The ops of one forward after its inputs are uploaded: embedding .. argmax (no host waits).
+  void forward_ops(int64_t M, const ForwardOptions& opts, int64_t first_logit_row);
+  // y = x . w^T, through the prefill kernel during a long non-undoable chunk.
+  void mm(const WeightRef& w, const float* x, float* y, int64_t M) {
+    if (prefill_chunk_)
+      be_.matmul_prefill(w, x, y, M);
+    else
+      be_.matmul(w, x, y, M);
+  }
 
   Backend& be_;
   BackendArena arena_;  // every backend allocation of the model (released even if loading throws)
+  StepGraphCache graphs_;  // decode / verify steps replayed as graphs (CUDA)
+  bool prefill_chunk_ = false;
   TargetConfig cfg_;
   int64_t n_ctx_ = 0, max_rows_ = 0, max_undo_rows_ = 0;
   std::vector<int64_t> taps_;
@@ -393,26 +405,27 @@ void Qwen35Model::attention_block(int il, const float* n, float* y, int64_t M) {
   LayerState& s = state_[il];
   const int64_t hd = cfg_.head_dim, H = cfg_.n_head, Hkv = cfg_.n_head_kv;
   const float* nin = rotated(n, M, cfg_.n_embd, w.rot_attn_in, rot_);
-  float* k_rows = s.k_cache + n_past_ * kv_width();
-  float* v_rows = s.v_cache + n_past_ * kv_width();
   if (cfg_.attn_output_gate) {
     // attn_q rows are [q(hd) | gate(hd)] per head: split as [M*H, 2*hd] -> q, gate [M*H, hd]
-    be_.matmul(w.wq, nin, big0_, M);
+    mm(w.wq, nin, big0_, M);
     be_.copy_rows(q_, hd, big0_, 2 * hd, M * H, hd);
     be_.copy_rows(gate_, hd, big0_ + hd, 2 * hd, M * H, hd);
   } else {
-    be_.matmul(w.wq, nin, q_, M);
+    mm(w.wq, nin, q_, M);
   }
-  be_.matmul(w.wk, nin, k_rows, M);
-  be_.matmul(w.wv, nin, v_rows, M);
+  // New keys and values go to the cache rows d_pos_ (device memory, so the step is one graph).
+  mm(w.wk, nin, k_, M);
+  mm(w.wv, nin, v_, M);
   be_.rms_norm(q_, w.q_norm, q_, M * H, hd, cfg_.rms_eps);
-  be_.rms_norm(k_rows, w.k_norm, k_rows, M * Hkv, hd, cfg_.rms_eps);
+  be_.rms_norm(k_, w.k_norm, k_, M * Hkv, hd, cfg_.rms_eps);
   be_.rope_neox(q_, d_pos_, M, H, hd, cfg_.n_rot, cfg_.rope_theta);
-  be_.rope_neox(k_rows, d_pos_, M, Hkv, hd, cfg_.n_rot, cfg_.rope_theta);
+  be_.rope_neox(k_, d_pos_, M, Hkv, hd, cfg_.n_rot, cfg_.rope_theta);
+  be_.scatter_rows(s.k_cache, kv_width(), n_ctx_, d_pos_, k_, kv_width(), M, kv_width());
+  be_.scatter_rows(s.v_cache, kv_width(), n_ctx_, d_pos_, v_, kv_width(), M, kv_width());
   be_.attention(q_, s.k_cache, s.v_cache, d_kv_range_, attn_, M, H, Hkv, hd, 1.0f / std::sqrt((float)hd));
   if (cfg_.attn_output_gate) be_.mul_sigmoid(attn_, gate_, attn_, M * q_width());
   const float* oin = rotated(attn_, M, q_width(), w.rot_attn_out, rot_);
-  be_.matmul(w.wo, oin, y, M);
+  mm(w.wo, oin, y, M);
 }
 
 void Qwen35Model::gdn_block(int il, const float* n, float* y, int64_t M, bool undoable) {
@@ -421,8 +434,8 @@ void Qwen35Model::gdn_block(int il, const float* n, float* y, int64_t M, bool un
   const int64_t Hk = cfg_.ssm_k_heads, Hv = cfg_.ssm_v_heads, dk = cfg_.ssm_head_k, dv = cfg_.ssm_head_v();
   const int64_t C = conv_dim(), K = cfg_.ssm_conv_kernel;
   const float* nin = rotated(n, M, cfg_.n_embd, w.rot_attn_in, rot_);
-  be_.matmul(w.w_qkv, nin, big0_, M);    // [M, C] pre-conv
-  be_.matmul(w.w_gate, nin, gate_, M);   // z [M, inner]
+  mm(w.w_qkv, nin, big0_, M);    // [M, C] pre-conv
+  mm(w.w_gate, nin, gate_, M);   // z [M, inner]
   const float* nab = w.rot_alpha_beta ? (w.rot_attn_in ? nin : rotated(n, M, cfg_.n_embd, true, rot2_)) : n;
   be_.matmul(w.w_beta, nab, b_, M);      // [M, Hv]
   be_.matmul(w.w_alpha, nab, a_, M);     // [M, Hv]
@@ -445,17 +458,49 @@ void Qwen35Model::gdn_block(int il, const float* n, float* y, int64_t M, bool un
     be_.gdn_recurrent(q_, k_, v_, a_, b_, s.ssm_state, attn_, undoable ? s.ssm_snapshots : nullptr, M, shape);
   be_.rms_norm_gated(attn_, w.ssm_norm, gate_, attn_, M * Hv, dv, cfg_.rms_eps);
   const float* oin = rotated(attn_, M, cfg_.ssm_inner, w.rot_attn_out, rot_, ssm_out_perm_);
-  be_.matmul(w.w_ssm_out, oin, y, M);
+  mm(w.w_ssm_out, oin, y, M);
 }
 
 void Qwen35Model::ffn_block(int il, const float* n, float* y, int64_t M) {
   const LayerWeights& w = layers_[il];
   const float* nin = rotated(n, M, cfg_.n_embd, w.rot_ffn_in, rot_);
-  be_.matmul(w.ffn_gate, nin, big0_, M);
-  be_.matmul(w.ffn_up, nin, big1_, M);
+  mm(w.ffn_gate, nin, big0_, M);
+  mm(w.ffn_up, nin, big1_, M);
   be_.swiglu(big0_, big1_, big2_, M * cfg_.n_ff);
   const float* din = rotated(big2_, M, cfg_.n_ff, w.rot_ffn_down, rot_);
-  be_.matmul(w.ffn_down, din, y, M);
+  mm(w.ffn_down, din, y, M);
+}
+
+void Qwen35Model::forward_ops(int64_t M, const ForwardOptions& opts, int64_t first) {
+  const int64_t E = cfg_.n_embd;
+  embed(d_ids_, x_, M);
+  const int64_t n_taps = static_cast<int64_t>(taps_.size());
+  auto capture_taps = [&](int64_t layer_input) {
+    if (!opts.want_taps) return;
+    for (int64_t t = 0; t < n_taps; ++t)
+      if (taps_[t] == layer_input) be_.copy_rows(taps_buf_ + t * E, n_taps * E, x_, E, M, E);
+  };
+
+  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
+    capture_taps(il);
+    const LayerWeights& w = layers_[il];
+    be_.rms_norm(x_, w.attn_norm, n_, M, E, cfg_.rms_eps);
+    if (w.attention)
+      attention_block(il, n_, y_, M);
+    else
+      gdn_block(il, n_, y_, M, opts.undoable);
+    be_.add(x_, y_, x_, M * E);
+    be_.rms_norm(x_, w.post_attn_norm, n_, M, E, cfg_.rms_eps);
+    ffn_block(il, n_, y_, M);
+    be_.add(x_, y_, x_, M * E);
+  }
+  capture_taps(cfg_.n_layer);
+  if (opts.logits != LogitRows::kNone) {
+    const int64_t rows = M - first;
+    be_.rms_norm(x_ + first * E, output_norm_, n_, rows, E, cfg_.rms_eps);
+    lm_head(n_, logits_, rows);
+    be_.argmax(logits_, d_argmax_, rows, cfg_.n_vocab);
+  }
 }
 
 ForwardResult Qwen35Model::forward(std::span<const int32_t> tokens, const ForwardOptions& opts) {
@@ -480,36 +525,21 @@ ForwardResult Qwen35Model::forward(std::span<const int32_t> tokens, const Forwar
   be_.upload(d_pos_, pos.data(), M * sizeof(int32_t));
   be_.upload(d_kv_range_, range.data(), 2 * M * sizeof(int32_t));
 
-  embed(d_ids_, x_, M);
-  const int64_t n_taps = static_cast<int64_t>(taps_.size());
-  auto capture_taps = [&](int64_t layer_input) {
-    if (!opts.want_taps) return;
-    for (int64_t t = 0; t < n_taps; ++t)
-      if (taps_[t] == layer_input) be_.copy_rows(taps_buf_ + t * E, n_taps * E, x_, E, M, E);
-  };
-
-  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
-    capture_taps(il);
-    const LayerWeights& w = layers_[il];
-    be_.rms_norm(x_, w.attn_norm, n_, M, E, cfg_.rms_eps);
-    if (w.attention)
-      attention_block(il, n_, y_, M);
-    else
-      gdn_block(il, n_, y_, M, opts.undoable);
-    be_.add(x_, y_, x_, M * E);
-    be_.rms_norm(x_, w.post_attn_norm, n_, M, E, cfg_.rms_eps);
-    ffn_block(il, n_, y_, M);
-    be_.add(x_, y_, x_, M * E);
+  const int64_t first = opts.logits == LogitRows::kLast ? M - 1 : 0;  // first row that gets logits
+  prefill_chunk_ = !opts.undoable && M >= kChunkedThreshold;
+  if (M <= max_undo_rows_) {
+    // Decode and verify shapes replay as graphs; prefill chunks (long, few) run directly.
+    const uint64_t key = static_cast<uint64_t>(M) | static_cast<uint64_t>(opts.logits) << 32 |
+                         static_cast<uint64_t>(opts.want_taps) << 40 | static_cast<uint64_t>(opts.undoable) << 41;
+    graphs_.run(key, [&] { forward_ops(M, opts, first); });
+  } else {
+    forward_ops(M, opts, first);
   }
-  capture_taps(cfg_.n_layer);
+  prefill_chunk_ = false;
 
   ForwardResult res;
   if (opts.logits != LogitRows::kNone) {
-    const int64_t first = opts.logits == LogitRows::kLast ? M - 1 : 0;
     const int64_t rows = M - first;
-    be_.rms_norm(x_ + first * E, output_norm_, n_, rows, E, cfg_.rms_eps);
-    lm_head(n_, logits_, rows);
-    be_.argmax(logits_, d_argmax_, rows, cfg_.n_vocab);
     res.argmax.resize(rows);
     be_.download(res.argmax.data(), d_argmax_, rows * sizeof(int32_t));
     if (opts.want_logits) {
@@ -518,7 +548,7 @@ ForwardResult Qwen35Model::forward(std::span<const int32_t> tokens, const Forwar
     }
   }
   if (opts.want_taps) {
-    res.taps.resize((size_t)M * n_taps * E);
+    res.taps.resize((size_t)M * taps_.size() * E);
     if (!res.taps.empty()) be_.download(res.taps.data(), taps_buf_, res.taps.size() * sizeof(float));
   }
   last_start_ = n_past_;

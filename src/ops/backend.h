@@ -44,6 +44,16 @@ struct GdnShape {
   int64_t head_v = 128;     // value dim per head (state cols)
 };
 
+// ---- step graphs ---------------------------------------------------------------------------------
+// A recorded sequence of ops (a CUDA graph): replaying it runs the same kernels on the same pointers
+// and sizes; the values in backend memory (token ids, positions, key ranges) may change between
+// replays. Made by Backend::end_capture().
+class StepGraph {
+ public:
+  virtual ~StepGraph() = default;
+  virtual void launch() = 0;  // enqueue one replay (asynchronous, like any op)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -63,6 +73,10 @@ class Backend {
   // ---- linear algebra -----------------------------------------------------------------------
   // y[M, w.out] = x[M, w.in] . w^T  (each y[m][o] = dot_row(w row o, x row m)).
   virtual void matmul(const WeightRef& w, const float* x, float* y, int64_t M) = 0;
+  // The same product for prefill chunks, whose rows are never compared with one-row results: a
+  // backend may use a kernel whose rounding depends on M (tensor cores on CUDA). The lossless
+  // contract does not hold here; decode and verify use matmul(). Default: matmul().
+  virtual void matmul_prefill(const WeightRef& w, const float* x, float* y, int64_t M) { matmul(w, x, y, M); }
   // y[M, w.in] = rows ids[M] of w, dequantized (embedding lookup).
   virtual void get_rows(const WeightRef& w, const int32_t* ids, float* y, int64_t M) = 0;
 
@@ -82,6 +96,12 @@ class Backend {
   // Strided 2-D copy: dst[r][0..cols) = src[r][0..cols), for `rows` rows with the given row strides.
   virtual void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                          int64_t cols) = 0;
+  // Indexed store: dst[idx[m]][0..cols) = src[m][0..cols) for m < M, rows dst_stride floats apart in a
+  // destination of dst_rows rows. idx is backend memory, so a step that writes its keys to a moving
+  // cache position stays the same graph every step. An index outside [0, dst_rows) is an error (CPU)
+  // or skips that row (CUDA: device memory is not checked on the host).
+  virtual void scatter_rows(float* dst, int64_t dst_stride, int64_t dst_rows, const int32_t* idx, const float* src,
+                            int64_t src_stride, int64_t M, int64_t cols) = 0;
 
   // ---- prism Hadamard (SPEC 3) ---------------------------------------------------------------
   // Forward, for a rotated matmul's input: y[r] = H_blk(signs (.) x[r]) per `block`-chunk (1024 in
@@ -133,6 +153,13 @@ class Backend {
   virtual void argmax(const float* x, int32_t* ids, int64_t M, int64_t n) = 0;
   // The k largest of each row, sorted descending (ties: lower index first): ids[M, k], vals[M, k].
   virtual void top_k(const float* x, int32_t* ids, float* vals, int64_t M, int64_t n, int64_t k) = 0;
+
+  // ---- step graphs (see StepGraph) -----------------------------------------------------------
+  // Between begin_capture() returning true and end_capture(), ops are recorded, not run; the calls
+  // that allocate or wait (alloc, release, upload, download, synchronize) are errors then. A backend
+  // without graphs (the CPU) returns false and the caller runs its ops directly.
+  virtual bool begin_capture() { return false; }
+  virtual std::unique_ptr<StepGraph> end_capture() { return nullptr; }
 
   // ---- DFlash drafter (SPEC 4.2) ------------------------------------------------------------
   // Grouped dynamic causal conv over the M rows of one drafter block (row 0 reads zero padding:

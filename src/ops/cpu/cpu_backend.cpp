@@ -157,6 +157,15 @@ void CpuBackend::copy_rows(float* dst, int64_t dst_stride, const float* src, int
     std::memmove(dst + r * dst_stride, src + r * src_stride, static_cast<size_t>(cols) * sizeof(float));
 }
 
+void CpuBackend::scatter_rows(float* dst, int64_t dst_stride, int64_t dst_rows, const int32_t* idx, const float* src,
+                              int64_t src_stride, int64_t M, int64_t cols) {
+  for (int64_t m = 0; m < M; ++m) {
+    DFLASH_CHECK(idx[m] >= 0 && idx[m] < dst_rows, "cpu scatter_rows: row {} goes to index {}, outside 0..{}", m,
+                 idx[m], dst_rows - 1);
+    std::memmove(dst + idx[m] * dst_stride, src + m * src_stride, static_cast<size_t>(cols) * sizeof(float));
+  }
+}
+
 // ---- prism Hadamard -------------------------------------------------------------------------------
 
 // The permutation belongs to the forward direction only (ssm_out's input); an inverse with a

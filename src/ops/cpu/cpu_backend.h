@@ -43,6 +43,8 @@ class CpuBackend final : public Backend {
   void mul_sigmoid(const float* x, const float* gate, float* y, int64_t n) override;
   void copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                  int64_t cols) override;
+  void scatter_rows(float* dst, int64_t dst_stride, int64_t dst_rows, const int32_t* idx, const float* src,
+                    int64_t src_stride, int64_t M, int64_t cols) override;
 
   void hadamard(const float* x, const float* signs, const int32_t* perm, float* y, int64_t rows, int64_t n, int64_t block,
                 bool inverse) override;

@@ -25,6 +25,21 @@ namespace {
                      cudaGetErrorName(err_), __FILE__, __LINE__);                                          \
   } while (0)
 
+// One instantiated step graph, replayed on the backend's stream.
+class CudaStepGraph final : public StepGraph {
+ public:
+  CudaStepGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  ~CudaStepGraph() override { cudaGraphExecDestroy(exec_); }
+  void launch() override {
+    const cudaError_t err = cudaGraphLaunch(exec_, stream_);
+    if (err != cudaSuccess) fail("cuda: graph launch failed: {} ({})", cudaGetErrorString(err), cudaGetErrorName(err));
+  }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
@@ -35,8 +50,9 @@ class CudaBackend final : public Backend {
     cudaDeviceProp prop{};
     DFLASH_CUDA_CALL(cudaGetDeviceProperties(&prop, device));
     desc_ = prop.name;
-    const char* dbg = std::getenv("DFLASH_CUDA_DEBUG");
-    debug_ = dbg != nullptr && std::string_view(dbg) != "0" && std::string_view(dbg) != "";
+    debug_ = env_flag("DFLASH_CUDA_DEBUG", false);
+    // Graphs replay what was captured, so a fault would name no op: debug mode runs ops directly.
+    graphs_ = env_flag("DFLASH_CUDA_GRAPHS", true) && !debug_;
   }
 
   ~CudaBackend() override {
@@ -45,6 +61,7 @@ class CudaBackend final : public Backend {
     for (void* p : weight_allocs_) cudaFree(p);
     for (auto& sb : scratch_)
       if (sb.ptr) cudaFree(sb.ptr);
+    for (void* p : retired_) cudaFree(p);
     cudaStreamDestroy(stream_);
   }
 
@@ -52,6 +69,7 @@ class CudaBackend final : public Backend {
 
   // ---- memory ---------------------------------------------------------------------------------
   void* alloc(size_t bytes) override {
+    not_capturing("alloc");
     const size_t padded = std::max<size_t>(256, (bytes + 255) / 256 * 256);
     void* p = nullptr;
     const cudaError_t err = cudaMalloc(&p, padded);
@@ -62,15 +80,18 @@ class CudaBackend final : public Backend {
   }
   void release(void* ptr) override {
     if (!ptr) return;
+    not_capturing("release");
     DFLASH_CUDA_CALL(cudaStreamSynchronize(stream_));  // in-flight work may still read it
     DFLASH_CUDA_CALL(cudaFree(ptr));
   }
   void upload(void* dst, const void* host_src, size_t bytes) override {
     // From pageable memory the call returns once the source is staged, so host_src may go away.
+    not_capturing("upload");
     if (bytes) DFLASH_CUDA_CALL(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
     after("upload");
   }
   void download(void* host_dst, const void* src, size_t bytes) override {
+    not_capturing("download");
     if (bytes) DFLASH_CUDA_CALL(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     DFLASH_CUDA_CALL(cudaStreamSynchronize(stream_));
   }
@@ -86,6 +107,7 @@ class CudaBackend final : public Backend {
     after("fill_zero");
   }
   void synchronize() override {
+    not_capturing("synchronize");
     DFLASH_CUDA_CALL(cudaStreamSynchronize(stream_));
     DFLASH_CUDA_CALL(cudaGetLastError());
   }
@@ -94,6 +116,7 @@ class CudaBackend final : public Backend {
     DFLASH_CHECK(host_data != nullptr, "cuda backend: upload_weight of a null pointer ({} x {} {})", out, in,
                  type_name(type));
     DFLASH_CHECK(in > 0 && out > 0, "cuda backend: upload_weight with shape [{}, {}]", in, out);
+    not_capturing("upload_weight");
     DFLASH_CHECK(type_traits(type).has_codec && cuda::matmul_supported(static_cast<int>(type)),
                  "cuda backend: no kernel for weight type {}", type_name(type));
     const size_t rb = row_bytes(type, in);  // checks in % block
@@ -151,6 +174,11 @@ class CudaBackend final : public Backend {
     cuda::launch_matmul(dw, x, y, M, stream_);
     after("matmul");
   }
+  void matmul_prefill(const WeightRef& w, const float* x, float* y, int64_t M) override {
+    const cuda::DevWeight dw = dev_weight(w, "matmul_prefill");
+    if (!cuda::launch_matmul_prefill(dw, x, y, M, stream_)) cuda::launch_matmul(dw, x, y, M, stream_);
+    after("matmul_prefill");
+  }
   // ids are device memory: an id outside [0, out) cannot be checked here; its row comes out NaN.
   void get_rows(const WeightRef& w, const int32_t* ids, float* y, int64_t M) override {
     const cuda::DevWeight dw = dev_weight(w, "get_rows");
@@ -196,6 +224,33 @@ class CudaBackend final : public Backend {
                  int64_t cols) override {
     cuda::launch_copy_rows(dst, dst_stride, src, src_stride, rows, cols, stream_);
     after("copy_rows");
+  }
+
+  void scatter_rows(float* dst, int64_t dst_stride, int64_t dst_rows, const int32_t* idx, const float* src,
+                    int64_t src_stride, int64_t M, int64_t cols) override {
+    cuda::launch_scatter_rows(dst, dst_stride, dst_rows, idx, src, src_stride, M, cols, stream_);
+    after("scatter_rows");
+  }
+
+  // ---- step graphs ------------------------------------------------------------------------------
+  bool begin_capture() override {
+    if (!graphs_) return false;
+    DFLASH_CHECK(!capturing_, "cuda: begin_capture inside a capture");
+    // Relaxed: the launchers' cudaGetLastError checks are fine during capture.
+    DFLASH_CUDA_CALL(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    capturing_ = true;
+    return true;
+  }
+  std::unique_ptr<StepGraph> end_capture() override {
+    DFLASH_CHECK(capturing_, "cuda: end_capture without begin_capture");
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    DFLASH_CUDA_CALL(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    DFLASH_CHECK(err == cudaSuccess, "cuda: instantiating a step graph failed: {}", cudaGetErrorString(err));
+    return std::make_unique<CudaStepGraph>(exec, stream_);
   }
 
   // ---- prism Hadamard ---------------------------------------------------------------------------
@@ -336,13 +391,13 @@ class CudaBackend final : public Backend {
   }
 
   // Grow-only scratch per slot (a step's shapes are fixed, so this settles after the first step).
+  // A buffer that is outgrown stays allocated until the backend goes: a captured graph may hold it.
   void* scratch(ScratchSlot slot, size_t bytes) {
     ScratchBuf& b = scratch_[slot];
     if (b.bytes < bytes) {
-      if (b.ptr) {
-        DFLASH_CUDA_CALL(cudaStreamSynchronize(stream_));
-        DFLASH_CUDA_CALL(cudaFree(b.ptr));
-      }
+      DFLASH_CHECK(!capturing_, "cuda: scratch grows from {} to {} bytes during a graph capture (run the step once "
+                   "before capturing it)", b.bytes, bytes);
+      if (b.ptr) retired_.push_back(b.ptr);
       b.ptr = device_alloc(bytes, "scratch");
       b.bytes = bytes;
     }
@@ -382,6 +437,15 @@ class CudaBackend final : public Backend {
     for (int64_t r0 = 0; r0 < rows; r0 += kSlice) f(r0, std::min(kSlice, rows - r0));
   }
 
+  static bool env_flag(const char* name, bool dflt) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') return dflt;
+    return std::string_view(v) != "0";
+  }
+  void not_capturing(const char* what) const {
+    DFLASH_CHECK(!capturing_, "cuda: {} is not allowed while a step graph is being captured", what);
+  }
+
   // Launch check after every op; with DFLASH_CUDA_DEBUG also waits so a fault names its op.
   void after(const char* op) {
     cudaError_t err = cudaGetLastError();
@@ -397,6 +461,9 @@ class CudaBackend final : public Backend {
   std::unordered_map<const void*, size_t> weight_bytes_;
   std::vector<void*> weight_allocs_;
   ScratchBuf scratch_[kNumScratch];
+  std::vector<void*> retired_;  // outgrown scratch buffers (graphs may still read them)
+  bool graphs_ = true;
+  bool capturing_ = false;
 };
 
 CudaBackend& as_cuda(Backend& be) {

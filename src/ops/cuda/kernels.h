@@ -33,6 +33,9 @@ struct DevWeight {
 bool matmul_supported(int type);
 // y[M, out] = x[M, in] . W^T. M any; rows go in tiles of at most 8 through the same per-row arithmetic.
 void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, cudaStream_t s);
+// Prefill product (Backend::matmul_prefill): a tensor-core kernel whose rounding may depend on M.
+// Returns false when it has no kernel for this weight / M (the caller then uses launch_matmul).
+bool launch_matmul_prefill(const DevWeight& w, const float* x, float* y, int64_t M, cudaStream_t s);
 // y[M, in] = dequantized rows ids[M] (ids checked on the device: an id outside [0, out) writes NaN).
 void launch_get_rows(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s);
 // PTQ1_0 blocks (28 B / 128) -> planar 2-bit codes + scales, on the device. src: out rows of in/128 blocks.
@@ -52,6 +55,8 @@ void launch_swiglu(const float* g, const float* u, float* y, int64_t n, cudaStre
 void launch_mul_sigmoid(const float* x, const float* g, float* y, int64_t n, cudaStream_t s);
 void launch_copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                       int64_t cols, cudaStream_t s);
+void launch_scatter_rows(float* dst, int64_t dst_stride, int64_t dst_rows, const int32_t* idx, const float* src,
+                         int64_t src_stride, int64_t rows, int64_t cols, cudaStream_t s);
 void launch_gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M, int64_t n_v_heads,
                       cudaStream_t s);
 void launch_gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C, int64_t K,

@@ -58,6 +58,16 @@ __global__ void copy_rows_kernel(float* dst, int64_t ds, const float* src, int64
       dst[r * ds + c] = src[r * ss + c];
 }
 
+__global__ void scatter_rows_kernel(float* dst, int64_t ds, int64_t dst_rows, const int32_t* __restrict__ idx,
+                                    const float* src, int64_t ss, int64_t rows, int64_t cols) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const int64_t to = idx[r];
+    if (to < 0 || to >= dst_rows) continue;
+    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < cols; c += (int64_t)gridDim.x * blockDim.x)
+      dst[to * ds + c] = src[r * ss + c];
+  }
+}
+
 __global__ void gdn_gates_kernel(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M, int64_t H) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i >= M * H) return;
@@ -154,6 +164,13 @@ void launch_copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t 
   const unsigned gx = static_cast<unsigned>(std::min<int64_t>((cols + 255) / 256, 1024));
   const unsigned gy = static_cast<unsigned>(std::min<int64_t>(rows, 65535));
   copy_rows_kernel<<<dim3(gx, gy), 256, 0, s>>>(dst, dst_stride, src, src_stride, rows, cols);
+}
+void launch_scatter_rows(float* dst, int64_t dst_stride, int64_t dst_rows, const int32_t* idx, const float* src,
+                         int64_t src_stride, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return;
+  const unsigned gx = static_cast<unsigned>(std::min<int64_t>((cols + 255) / 256, 1024));
+  const unsigned gy = static_cast<unsigned>(std::min<int64_t>(rows, 65535));
+  scatter_rows_kernel<<<dim3(gx, gy), 256, 0, s>>>(dst, dst_stride, dst_rows, idx, src, src_stride, rows, cols);
 }
 void launch_gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M, int64_t n_v_heads,
                       cudaStream_t s) {
