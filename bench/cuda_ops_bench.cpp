@@ -1,6 +1,6 @@
 // bench_cuda_ops: CUDA backend throughput against the measured streaming-read floor.
 //
-//   bench_cuda_ops [--quick] [--model FILE.gguf [--model-only] [--tokens N]] [--out FILE.md]
+//   bench_cuda_ops [--quick] [--model FILE.gguf [--model-only] [--tokens N]] [--prefill] [--out FILE.md]
 //
 // 1. The floor: a 16-byte-load read kernel over 2 GiB, median of 20 runs (GB/s = 1e9 B/s).
 // 2. matmul at the 27B shapes (SPEC 2.3) for PTQ1_0, PQ2_0, Q4_K, Q6_K, BF16 (and F16, Q8_0) at M = 1
@@ -11,6 +11,8 @@
 // 3. Other decode-step ops at 27B shapes (times only).
 // 4. With --model: whole-model decode tok/s (1-row forwards, logits of the last row + argmax) and
 //    8-row verify forwards, against the floor (bytes the step reads / floor).
+// 5. Prefill matmul (bench_matmul_prefill, also alone with --prefill): matmul_prefill at the 27B
+//    shapes for M = 64..512 in us and TFLOP/s, against the GEMV fallback.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -61,21 +63,77 @@ struct Out {
   }
 };
 
+// Prefill matmul (bench_matmul_prefill, also alone with --prefill): matmul_prefill (gemm_prefill.cu,
+// bf16 mma.sync) of PTQ1_0 at the 27B shapes for M = 64..512, median of 20 calls on one weight (compute
+// bound: a ternary matrix is <= 23 MB and may stay in L2, which changes little here), TFLOP/s =
+// 2 M in out / time, against the H200's ~790 TFLOP/s dense bf16 and against matmul (the GEMV tiles the
+// prefill path falls back to) at M = 64 and 512.
+void bench_matmul_prefill(Backend& be, Out& out) {
+  struct Shape {
+    const char* name;
+    int64_t in, out;
+  };
+  const Shape shapes[] = {{"attn_qkv", 5120, 10240}, {"attn_q", 5120, 12288}, {"ssm_in", 5120, 6144},
+                          {"ffn_up", 5120, 17408},   {"ffn_down", 17408, 5120}, {"ssm_out", 6144, 5120},
+                          {"attn_kv", 5120, 1024},   {"ssm_ab", 5120, 48}};
+  constexpr int64_t kMaxM = 512;
+  constexpr double kPeakTflops = 790.0;
+  {
+    const std::vector<uint8_t> h = make_weight(GgmlType::PTQ1_0, 128, 16, 1);
+    const WeightRef w = be.upload_weight(h.data(), GgmlType::PTQ1_0, 128, 16);
+    out.line(fmt::format("prefill matmul, ternary layout {} (gemm_prefill.cu covers ternary-mma: "
+                         "DFLASH_CUDA_TERNARY_MMA=1)", cuda::weight_layout(be, w)));
+  }
+  out.line("| prefill matmul PTQ1_0 | in x out | M | matmul_prefill us | TFLOP/s | % of 790 | GEMV us | speed-up |");
+  out.line("|---|---|---|---|---|---|---|---|");
+  std::mt19937 rng(91);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  uint32_t seed = 300;
+  double total_us[2] = {0, 0};
+  for (const Shape& s : shapes) {
+    const std::vector<uint8_t> host = make_weight(GgmlType::PTQ1_0, s.in, s.out, seed++);
+    const WeightRef w = be.upload_weight(host.data(), GgmlType::PTQ1_0, s.in, s.out);
+    std::vector<float> xh(kMaxM * s.in);
+    for (auto& v : xh) v = nd(rng);
+    float* x = static_cast<float*>(be.alloc(xh.size() * 4));
+    be.upload(x, xh.data(), xh.size() * 4);
+    float* y = static_cast<float*>(be.alloc(kMaxM * s.out * 4));
+    for (int64_t M : {64, 128, 256, 512}) {
+      const double us = 1e3 * cuda::time_ms(be, 3, 20, [&] { be.matmul_prefill(w, x, y, M); });
+      const double tflops = 2.0 * M * s.in * s.out / (us * 1e-6) / 1e12;
+      std::string gemv = "-", speed = "-";
+      if (M == 64 || M == 512) {
+        const double g = 1e3 * cuda::time_ms(be, 1, 5, [&] { be.matmul(w, x, y, M); });
+        gemv = fmt::format("{:.1f}", g);
+        speed = fmt::format("{:.1f}x", g / us);
+        total_us[M == 64 ? 0 : 1] += us;
+      }
+      out.line(fmt::format("| {} | {}x{} | {} | {:.1f} | {:.0f} | {:.0f}% | {} | {} |", s.name, s.in, s.out, M, us,
+                           tflops, 100.0 * tflops / kPeakTflops, gemv, speed));
+    }
+    be.release(x);
+    be.release(y);
+  }
+  out.line(fmt::format("sum of the 8 shapes: M=64 {:.1f} us, M=512 {:.1f} us", total_us[0], total_us[1]));
+  out.line("");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, model_only = false;
+  bool quick = false, model_only = false, prefill_only = false;
   std::string model_path, out_path;
   int n_tokens = 64;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--model-only") model_only = true;
+    else if (a == "--prefill") prefill_only = true;
     else if (a == "--model" && i + 1 < argc) model_path = argv[++i];
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
     else if (a == "--tokens" && i + 1 < argc) n_tokens = std::atoi(argv[++i]);
     else {
-      fmt::print(stderr, "usage: bench_cuda_ops [--quick] [--model FILE [--model-only]] [--tokens N] [--out FILE.md]\n");
+      fmt::print(stderr, "usage: bench_cuda_ops [--quick] [--model FILE [--model-only]] [--tokens N] [--prefill] [--out FILE.md]\n");
       return 2;
     }
   }
@@ -87,6 +145,11 @@ int main(int argc, char** argv) {
     Out out;
     auto be = make_cuda_backend(0);
     out.line(fmt::format("device: {}", cuda_device_description(0)));
+    if (prefill_only) {  // section 5 alone
+      bench_matmul_prefill(*be, out);
+      if (!out_path.empty()) std::ofstream(out_path) << out.md;
+      return 0;
+    }
     const double floor_gbps = cuda::read_bandwidth_gbps(*be, size_t(2) << 30, 20);
     out.line(fmt::format("streaming-read floor (16-byte loads, 2 GiB, median of 20): {:.0f} GB/s", floor_gbps));
     out.line("");
@@ -220,6 +283,9 @@ int main(int argc, char** argv) {
       row("top_k k=16", "7x248320", [&] { be->top_k(logits, ids, vals, 7, V, 16); });
       out.line("");
     }
+
+    // ---- prefill matmul
+    if (!model_only) bench_matmul_prefill(*be, out);
 
     // ---- whole model
     if (!model_path.empty()) {

@@ -499,5 +499,77 @@ TEST(CudaOps, DflashConv) {
     }
 }
 
+
+// ---- prefill matmul on the tensor cores -----------------------------------------------------------
+//
+// matmul_prefill of the ternary types (PQ2_0, PTQ1_0) in the ternary-mma layout (DFLASH_CUDA_TERNARY_MMA=1)
+// runs gemm_prefill.cu for M >= 32: bf16 activations and bf16 scales into mma.sync with fp32
+// accumulation (the planar-2bit layout falls back to the GEMV tiles: the same checks, GEMV-exact).
+// Bound 2e-5 NMSE vs the CPU's fp32 reference: bf16 keeps 8 significant bits, so each of the two
+// roundings (activation, block scale) has a relative error <= 2^-8, mean square ~0.36 (2^-8)^2 over
+// random mantissas; together ~5.5e-6 (measured on the H200: 5.4e-6 .. 5.9e-6 at every shape here).
+// 2e-5 leaves a 3.5x margin while one wrong code, scale, block or row tile moves the NMSE above 1e-3.
+// In the ternary-mma layout the result must also NOT be GEMV-exact (NMSE > 1e-9: the tensor-core path
+// ran, it did not fall back); every output is written (poisoned buffers: a missed element stays NaN),
+// the guard survives, two calls give the same bits (the split-K sum has a fixed order), and M < 32
+// gives exactly matmul's result (no tensor-core kernel below 32 rows).
+void prefill_case(GgmlType t, int64_t in, int64_t out, const std::vector<int64_t>& Ms, uint32_t seed,
+                  bool repeat = false) {
+  const HostWeight hw = make_weight(t, in, out, seed);
+  const WeightRef wg = gpu().upload_weight(hw.bytes.data(), t, in, out);
+  const WeightRef wc = cpu().upload_weight(hw.bytes.data(), t, in, out);
+  std::mt19937 rng(seed);
+  for (int64_t M : Ms) {
+    const auto x = randn_vec(rng, M * in);
+    Buf<float> xg(gpu(), x), yg(gpu(), M * out);
+    Buf<float> xc(cpu(), x), yc(cpu(), M * out);
+    gpu().matmul_prefill(wg, xg, yg, M);
+    cpu().matmul(wc, xc, yc, M);
+    const auto got = yg.get(), ref = yc.get();
+    const std::string op = std::string("matmul_prefill ") + type_name(t), shp = shape_str({M, in, out});
+    const Diff d = diff(got, ref);
+    if (M < 32) {  // no tensor-core kernel: exactly the GEMV of matmul
+      Buf<float> y1(gpu(), M * out);
+      gpu().matmul(wg, xg, y1, M);
+      check(op + " (M < 32) == matmul", shp, got, y1.get(), 0, yg.guard_ok());
+      continue;
+    }
+    const std::string layout = cuda::weight_layout(gpu(), wg);
+    check(op, shp, got, ref, 2e-5, yg.guard_ok(), layout);
+    if (layout == "ternary-mma") {  // the layout gemm_prefill.cu covers; planar-2bit falls back to the GEMV
+      EXPECT_GT(d.nmse, 1e-9) << op << " " << shp << ": GEMV-exact result, the tensor-core path did not run";
+    }
+    if (repeat) {
+      Buf<float> y2(gpu(), M * out);
+      gpu().matmul_prefill(wg, xg, y2, M);
+      const bool same = y2.get() == got;
+      record({op + " repeat == first call", shp, 0, 0, 0, same, same ? "memcmp equal" : "differs"});
+      EXPECT_TRUE(same) << op << " " << shp;
+    }
+  }
+}
+
+TEST(CudaMatmul, PrefillTensorCores) {
+  REQUIRE_GPU();
+  uint32_t seed = 900;
+  for (GgmlType t : {GgmlType::PQ2_0, GgmlType::PTQ1_0}) {
+    // row tails (M = 33, 100), out not a multiple of the 128 / 256-row CTA tile nor of 16 (200, 70),
+    // one block (in = 128), k-tiles not filling a split evenly (3200)
+    prefill_case(t, 512, 200, {8, 32, 33, 64, 100, 512}, seed++);
+    prefill_case(t, 128, 70, {32, 33, 100}, seed++);
+    prefill_case(t, 3200, 1000, {33, 64, 100, 512}, seed++, true);
+  }
+  // the 27B shapes (in x out)
+  struct S {
+    int64_t in, out;
+  };
+  const S shapes[] = {{5120, 10240}, {5120, 6144}, {5120, 17408}, {17408, 5120},
+                      {6144, 5120},  {5120, 12288}, {5120, 1024}, {5120, 48}};
+  for (const S& s : shapes) prefill_case(GgmlType::PTQ1_0, s.in, s.out, {64}, seed++, s.in == 17408);
+  prefill_case(GgmlType::PQ2_0, 17408, 5120, {100}, seed++);
+  prefill_case(GgmlType::PQ2_0, 5120, 6144, {512}, seed++, true);
+  prefill_case(GgmlType::PTQ1_0, 5120, 1024, {512}, seed++);
+}
+
 }  // namespace
 }  // namespace dflash::cudatest

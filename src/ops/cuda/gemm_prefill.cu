@@ -1,9 +1,355 @@
-// Prefill matmul (Backend::matmul_prefill): many activation rows against one weight. Not yet a
-// tensor-core kernel: every call falls back to the GEMV tiles of matmul.cu.
+// Prefill matmul (Backend::matmul_prefill): y[M, out] = x[M, in] . W^T for M >= 32 activation rows on
+// the tensor cores (mma.sync m16n8k16, bf16 inputs, fp32 accumulators), for the ternary weights in the
+// kTernaryMma layout (PQ2_0, PTQ1_0; matmul_ternary.cu). Other weights return false and the caller runs
+// the GEMV tiles: the planar 2-bit layout (its lane-interleaved code order would need a permuted
+// activation tile; not written yet) and the block formats (their dequantizers live in matmul.cu's
+// anonymous namespace).
+//
+// Orientation: the weight is the mma's A operand (16 weight rows per mma, exactly the layout's tiles:
+// lane (g, t) finds its A codes of rows g and g + 8 in words 2t + h of the row block, no shuffling),
+// the activations are B (8 activation rows per mma, k-contiguous rows = the "col" B fragment).
+//
+// Arithmetic (why ~5.5e-6 NMSE from the fp32 reference, not bit-exact; measured 5.4e-6 .. 5.9e-6):
+//   - activations rounded fp32 -> bf16 (nearest even, 8 significant bits): relative error <= 2^-8;
+//   - weights (c - 1) * bf16(d): the fp16 scale rounded to bf16 (relative error <= 2^-8, shared by the
+//     128 weights of a block), the product exact (c - 1 is -1, 0 or 1);
+//   - products and sums in fp32 (mma accumulators). With a k split, the split partial tiles are added
+//     in rank order through distributed shared memory (fixed order: a result depends on the data, M and
+//     the shapes only; no float atomics).
+// Codes become bf16 without tables: 0x4300 | c is the bf16 128 + c, minus 129 is exactly c - 1.
+//
+// Tiling. A CTA of 4 warps computes a BO x BX tile (weight rows x activation rows): WO x WX warps of
+// 64 x 64 (4 x 8 mma tiles, 128 fp32 accumulators per thread); (WO, WX) = (2, 2): 128 x 128, or (4, 1):
+// 256 x 64 (M <= 64 and other M that pad fewer rows with 64). K goes in k-tiles of 32 (2 mma k-steps).
+// Per k-tile each thread loads (one k-tile ahead, in registers) its share of the activation tile
+// (16-byte loads, BX x 32 fp32) and, per warp, the A code words of its 4 weight tiles (+ the block's
+// scales); the activations go to a double-buffered bf16 shared tile (64-byte rows, 16-byte pieces
+// XOR-swizzled by (row / 2) % 4: conflict-free ldmatrix); one __syncthreads per k-tile. The weights go
+// from registers straight into the mma (each warp unpacks its own; warps sharing weight rows hit L1).
+//
+// Split-K: when the tiles leave SMs idle, S in {2, 4, 8} CTAs of a thread-block cluster take equal
+// shares of the k-tiles; each leaves its fp32 tile in shared memory, and CTA r adds activation rows
+// [r BX / S, (r + 1) BX / S) of the S tiles in rank order and stores them.
+#include <cooperative_groups.h>
+
+#include <algorithm>
+
+#include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
 
 namespace dflash::cuda {
+namespace {
 
-bool launch_matmul_prefill(const DevWeight&, const float*, float*, int64_t, cudaStream_t) { return false; }
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 128;      // 4 warps
+constexpr int kKT = 32;            // k-tile (2 mma k-steps)
+constexpr int kRowBytes = kKT * 2;  // a bf16 activation tile row
+constexpr int kRedPad = 4;         // floats of padding per row of the split-K tile
+
+template <int WX>
+struct Tile {
+  static constexpr int WO = 4 / WX;
+  static constexpr int BO = 64 * WO, BX = 64 * WX;
+  static constexpr int kF4 = BX * (kKT / 4) / kThreads;  // float4 activation loads per thread per k-tile
+  static constexpr int kStageBytes = BX * kRowBytes;
+  static constexpr int kPipeBytes = 2 * kStageBytes;
+  static constexpr int kRedBytes = BX * (BO + kRedPad) * 4;
+};
+
+// Byte offset of the 16-byte piece `piece` (0..3) of activation tile row `row`.
+__device__ __forceinline__ uint32_t swz(int row, int piece) {
+  return static_cast<uint32_t>(row * kRowBytes + ((piece ^ ((row >> 1) & 3)) << 4));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (the low half) = lo
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ __nv_bfloat162 as_bf162(uint32_t u) { return *reinterpret_cast<__nv_bfloat162*>(&u); }
+__device__ __forceinline__ uint32_t as_u32(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+
+// Code pair P of a layout word (codes at bits 2P and 16 + 2P) -> bf16x2 ((c0 - 1) d, (c1 - 1) d).
+__device__ __forceinline__ uint32_t wpair(uint32_t w, int P, __nv_bfloat162 d2) {
+  const uint32_t v = ((w >> (2 * P)) & 0x00030003u) | 0x43004300u;  // bf16x2 (128 + c0, 128 + c1)
+  return as_u32(__hmul2(__hsub2(as_bf162(v), as_bf162(0x43014301u)), d2));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+struct PrefillArgs {
+  const uint32_t* codes;   // kTernaryMma: [Np/16][nblk][16][8] words
+  const uint32_t* scales;  // [Np/16][nblk][8] fp16x2 (row g, row g + 8)
+  const float* x;
+  float* y;
+  int64_t M, K, N;
+  int tiles16;  // Np / 16
+  int nblk;     // K / 128
+  int n_kt;     // K / 32
+  int splits;   // S: CTAs of a cluster sharing the k-tiles (1: no cluster)
+  bool y_vec;   // S > 1: y rows allow 16-byte stores
+};
+
+template <int WX>
+__global__ void __launch_bounds__(kThreads, 1) gemm_ternary_prefill_kernel(const PrefillArgs p) {
+  using T = Tile<WX>;
+  constexpr int WO = T::WO, BO = T::BO, BX = T::BX;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int wo = warp % WO, wx = warp / WO;  // warp tile: weight rows 64 wo.., activation rows 64 wx..
+  const int split = blockIdx.x;              // == the cluster rank (cluster dims (S, 1, 1))
+  const int64_t o0 = static_cast<int64_t>(blockIdx.y) * BO;
+  const int64_t x0 = static_cast<int64_t>(blockIdx.z) * BX;
+  const int64_t K = p.K;
+  const int kt0 = static_cast<int>(static_cast<int64_t>(p.n_kt) * split / p.splits);
+  const int kt1 = static_cast<int>(static_cast<int64_t>(p.n_kt) * (split + 1) / p.splits);
+
+  // this thread's activation loads: float4 c4 = tid % 8 of rows tid / 8 + 16 u (rows past M: a copy of
+  // row M - 1, never stored)
+  const int c4 = tid & 7;
+  const float* xrow0 = p.x + std::min<int64_t>(x0 + (tid >> 3), p.M - 1) * K + 4 * c4;
+  // this warp's 4 weight tiles (tiles past the padded rows: a copy of the last, never stored)
+  int64_t tile[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) tile[i] = std::min<int64_t>(o0 / 16 + wo * 4 + i, p.tiles16 - 1);
+
+  float4 ra[T::kF4];
+  uint32_t rw[4][2], rsc[4];
+  auto load_tile = [&](int kt) {
+#pragma unroll
+    for (int u = 0; u < T::kF4; ++u) {
+      const int64_t r = x0 + (tid >> 3) + 16 * u;
+      const float* src = r < p.M ? xrow0 + 16 * u * K : xrow0;
+      ra[u] = __ldg(reinterpret_cast<const float4*>(src + static_cast<int64_t>(kt) * kKT));
+    }
+    const int b = kt >> 2, h = (kt >> 1) & 1;  // block; word 2t + h holds steps 4h .. 4h + 3
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t tb = tile[i] * p.nblk + b;
+      const uint32_t* w = p.codes + tb * 128 + g * 8 + 2 * t + h;
+      rw[i][0] = __ldg(w);
+      rw[i][1] = __ldg(w + 64);  // row g + 8
+      rsc[i] = __ldg(p.scales + tb * 8 + g);
+    }
+  };
+  auto store_tile = [&](int buf) {
+    uint8_t* sA = smem + buf * T::kStageBytes;
+#pragma unroll
+    for (int u = 0; u < T::kF4; ++u) {
+      const int r = (tid >> 3) + 16 * u;
+      const uint2 v = make_uint2(pack_bf16(ra[u].x, ra[u].y), pack_bf16(ra[u].z, ra[u].w));
+      *reinterpret_cast<uint2*>(sA + swz(r, c4 >> 1) + (c4 & 1) * 8) = v;
+    }
+  };
+
+  float acc[4][8][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  if (kt0 < kt1) {
+    load_tile(kt0);
+    store_tile(0);
+  }
+  __syncthreads();
+  for (int kt = kt0; kt < kt1; ++kt) {
+    const int buf = (kt - kt0) & 1;
+    // this k-tile's weights (registers of load_tile(kt)) before the prefetch overwrites them
+    uint32_t cw[4][2];
+    __nv_bfloat162 dg[4], dg8[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      cw[i][0] = rw[i][0];
+      cw[i][1] = rw[i][1];
+      const float d0 = fp16_to_f32(static_cast<uint16_t>(rsc[i] & 0xffffu));
+      const float d1 = fp16_to_f32(static_cast<uint16_t>(rsc[i] >> 16));
+      dg[i] = __floats2bfloat162_rn(d0, d0);
+      dg8[i] = __floats2bfloat162_rn(d1, d1);
+    }
+    const bool more = kt + 1 < kt1;
+    if (more) load_tile(kt + 1);
+    const uint32_t xBase = smem_base + buf * T::kStageBytes;
+    // k-tile kt holds steps 2 (kt % 4) and + 1: pairs 4 (kt % 2) .. + 3 of words 2t + (kt / 2) % 2
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      uint32_t a[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        // step s = 2 (kt % 4) + ks: pairs p0 = 2 (s % 4) (k 2t, 2t + 1) and p0 + 1 (k 2t + 8, 2t + 9)
+        const int p0 = 4 * (kt & 1) + 2 * ks;
+        a[i][0] = wpair(cw[i][0], p0, dg[i]);
+        a[i][1] = wpair(cw[i][1], p0, dg8[i]);
+        a[i][2] = wpair(cw[i][0], p0 + 1, dg[i]);
+        a[i][3] = wpair(cw[i][1], p0 + 1, dg8[i]);
+      }
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        // B matrices: (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
+        uint32_t bq[4];
+        const int n = wx * 64 + 16 * np + (lane & 7) + ((lane >> 4) & 1) * 8;
+        ldmatrix_x4(xBase + swz(n, 2 * ks + ((lane >> 3) & 1)), bq);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          mma_bf16(acc[i][2 * np], a[i], bq[0], bq[1]);
+          mma_bf16(acc[i][2 * np + 1], a[i], bq[2], bq[3]);
+        }
+      }
+    }
+    if (more) store_tile(buf ^ 1);
+    __syncthreads();
+  }
+
+  // ---- epilogue. acc[i][j]: weight rows 16 i + g (e = 0, 1) and + 8 (e = 2, 3), activation rows
+  // 8 j + 2 t (e = 0, 2) and + 1 (e = 1, 3), of the warp tile.
+  if (p.splits == 1) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t o = o0 + wo * 64 + 16 * i + g + (e >= 2 ? 8 : 0);
+          const int64_t m = x0 + wx * 64 + 8 * j + 2 * t + (e & 1);
+          if (o < p.N && m < p.M) p.y[m * p.N + o] = acc[i][j][e];
+        }
+    return;
+  }
+  // split-K: the fp32 tile [BX][BO] into shared memory (the pipeline's buffers are free after the
+  // loop's last barrier), then rank r adds its rows of the S tiles in rank order.
+  constexpr int LD = BO + kRedPad;
+  float* red = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int o = wo * 64 + 16 * i + g + (e >= 2 ? 8 : 0);
+        const int m = wx * 64 + 8 * j + 2 * t + (e & 1);
+        red[m * LD + o] = acc[i][j][e];
+      }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int S = p.splits, rows = BX / S;
+  const int rank = static_cast<int>(cluster.block_rank());
+  for (int idx = tid; idx < rows * (BO / 4); idx += kThreads) {
+    const int m = rank * rows + idx / (BO / 4), o = 4 * (idx % (BO / 4));
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int src = 0; src < S; ++src) {  // rank order: the same sum whatever the timing
+      const float* other = cluster.map_shared_rank(red, src);
+      const float4 v = *reinterpret_cast<const float4*>(other + m * LD + o);
+      s.x += v.x;
+      s.y += v.y;
+      s.z += v.z;
+      s.w += v.w;
+    }
+    const int64_t gm = x0 + m, go = o0 + o;
+    if (gm >= p.M || go >= p.N) continue;
+    float* yp = p.y + gm * p.N + go;
+    if (p.y_vec && go + 3 < p.N) {
+      *reinterpret_cast<float4*>(yp) = s;
+    } else {
+      const float sv[4] = {s.x, s.y, s.z, s.w};
+      for (int e = 0; e < 4 && go + e < p.N; ++e) yp[e] = sv[e];
+    }
+  }
+  cluster.sync();  // no CTA leaves while another still reads its tile
+}
+
+int sm_count() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
+    return 132;
+  return n;
+}
+
+template <int WX>
+bool launch_ternary(const DevWeight& w, const float* x, float* y, int64_t M, cudaStream_t s) {
+  using T = Tile<WX>;
+  const int64_t tiles_x = (M + T::BX - 1) / T::BX, tiles_o = (w.out + T::BO - 1) / T::BO;
+  if (tiles_x > 65535 || tiles_o > 65535) return false;
+  PrefillArgs p{};
+  p.codes = reinterpret_cast<const uint32_t*>(w.data);
+  p.scales = reinterpret_cast<const uint32_t*>(w.scales);
+  p.x = x;
+  p.y = y;
+  p.M = M;
+  p.K = w.in;
+  p.N = w.out;
+  p.tiles16 = static_cast<int>(padded_rows(w.out) / 16);
+  p.nblk = static_cast<int>(w.in / 128);
+  p.n_kt = static_cast<int>(w.in / kKT);
+  // k split: the S in {1, 2, 4, 8} whose CTAs fill the waves best (2 CTAs per SM), each share keeping
+  // >= 16 k-tiles (512 inputs); a larger S must gain > 5 % to be taken (its reduction costs).
+  const int64_t slots = 2 * static_cast<int64_t>(sm_count()), base = tiles_x * tiles_o;
+  int S = 1;
+  double best = 0;
+  for (int c = 1; c <= 8; c *= 2) {
+    if (c > 1 && p.n_kt / c < 16) break;
+    const int64_t ctas = base * c, waves = (ctas + slots - 1) / slots;
+    const double eff = static_cast<double>(ctas) / static_cast<double>(waves * slots);
+    if (eff > best * 1.05) {
+      best = eff;
+      S = c;
+    }
+  }
+  p.splits = S;
+  p.y_vec = w.out % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  const int smem = S == 1 ? T::kPipeBytes : std::max(T::kPipeBytes, T::kRedBytes);
+  auto kernel = gemm_ternary_prefill_kernel<WX>;
+  if (smem > 48 * 1024 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(S), static_cast<unsigned>(tiles_o), static_cast<unsigned>(tiles_x));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(S);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = S > 1 ? 1 : 0;
+  if (cudaLaunchKernelEx(&cfg, kernel, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // e.g. no room for the cluster: the caller's GEMV path computes it instead
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool launch_matmul_prefill(const DevWeight& w, const float* x, float* y, int64_t M, cudaStream_t s) {
+  if (M < 32 || w.out <= 0 || w.in <= 0) return false;
+  if (w.layout != Layout::kTernaryMma) return false;  // planar 2-bit and block formats: the GEMV tiles
+  if (w.in % 128 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(w.data) % 4 != 0 ||
+      reinterpret_cast<uintptr_t>(w.scales) % 4 != 0 || w.in / kKT > (int64_t{1} << 30))
+    return false;
+  // Activation tiles of 64 rows when they pad fewer rows than 128 would (M <= 64, M % 128 in 1..64).
+  const int64_t waste64 = (M + 63) / 64 * 64 - M, waste128 = (M + 127) / 128 * 128 - M;
+  return waste64 < waste128 ? launch_ternary<1>(w, x, y, M, s) : launch_ternary<2>(w, x, y, M, s);
+}
 
 }  // namespace dflash::cuda
