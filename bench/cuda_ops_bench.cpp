@@ -1,17 +1,19 @@
 // bench_cuda_ops: CUDA backend throughput against the measured streaming-read floor.
 //
-//   bench_cuda_ops [--quick] [--model FILE.gguf [--model-only] [--tokens N]] [--prefill] [--out FILE.md]
+//   bench_cuda_ops [--quick] [--model FILE.gguf [--model-only] [--tokens N]] [--gdn] [--prefill] [--out FILE.md]
 //
 // 1. The floor: a 16-byte-load read kernel over 2 GiB, median of 20 runs (GB/s = 1e9 B/s).
 // 2. matmul at the 27B shapes (SPEC 2.3) for PTQ1_0, PQ2_0, Q4_K, Q6_K, BF16 (and F16, Q8_0) at M = 1
-//    and M = 8: median time; GB/s counts the weight bytes of the FILE format once per call (the bytes
+//    and M = 8: the time of one call inside a CUDA graph of >= 8 back-to-back calls (as in a decode graph); GB/s counts the weight bytes of the FILE format once per call (the bytes
 //    a decode step must read), % of floor = that / floor; "dev GB/s" counts the device layout (PTQ1_0
 //    is transcoded to 2-bit codes, 21 % more bytes). Each timing rotates over enough copies of the
 //    matrix (>= 256 MB) that L2 (50 MB) cannot serve repeats. M8/M1 = cost ratio of a verify block.
 // 3. Other decode-step ops at 27B shapes (times only).
 // 4. With --model: whole-model decode tok/s (1-row forwards, logits of the last row + argmax) and
 //    8-row verify forwards, against the floor (bytes the step reads / floor).
-// 5. Prefill matmul (bench_matmul_prefill, also alone with --prefill): matmul_prefill at the 27B
+// 5. Prefill GDN (bench_gdn_prefill, also alone with --gdn): gdn_chunked (WY kernels) against the
+//    sequential recurrence at the 27B shape for M = 64..512, and tok/s of 48 GDN layers alone.
+// 6. Prefill matmul (bench_matmul_prefill, also alone with --prefill): matmul_prefill at the 27B
 //    shapes for M = 64..512 in us and TFLOP/s, against the GEMV fallback.
 #include <fmt/format.h>
 
@@ -62,6 +64,61 @@ struct Out {
     md += s + "\n";
   }
 };
+
+// Prefill GDN at the 27B shape (16 K heads, 48 V heads, 128 x 128 state per head): the chunked WY
+// kernels against the recurrence (what gdn_chunked ran before), median of 20 calls each. The state
+// evolves across calls (the delta rule with unit keys, beta < 1 and decay <= 1 keeps it bounded).
+// "GDN-only tok/s" = M / (48 layers x the chunked time): the prefill ceiling if GDN were all there is.
+void bench_gdn_prefill(Backend& be, Out& out) {
+  const GdnShape s{16, 48, 128, 128};
+  constexpr int64_t kMaxM = 512, kLayers = 48;
+  std::mt19937 rng(77);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ug(-0.3f, -0.01f), ub(0.05f, 0.95f);
+  auto upload = [&](const std::vector<float>& h) {
+    float* d = static_cast<float*>(be.alloc(h.size() * 4));
+    be.upload(d, h.data(), h.size() * 4);
+    return d;
+  };
+  auto unit_rows = [&](int64_t rows, int64_t n, float scale) {  // l2-normed rows, like the model's q and k
+    std::vector<float> h(rows * n);
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        h[r * n + i] = nd(rng);
+        ss += double(h[r * n + i]) * h[r * n + i];
+      }
+      for (int64_t i = 0; i < n; ++i) h[r * n + i] = static_cast<float>(h[r * n + i] / std::sqrt(ss) * scale);
+    }
+    return h;
+  };
+  auto fill = [&](size_t n, auto& dist) {
+    std::vector<float> h(n);
+    for (auto& x : h) x = dist(rng);
+    return h;
+  };
+  float* q = upload(unit_rows(kMaxM * s.n_k_heads, s.head_k, 1.0f / std::sqrt(128.0f)));
+  float* k = upload(unit_rows(kMaxM * s.n_k_heads, s.head_k, 1.0f));
+  float* v = upload(fill(kMaxM * s.n_v_heads * s.head_v, nd));
+  float* g = upload(fill(kMaxM * s.n_v_heads, ug));
+  float* b = upload(fill(kMaxM * s.n_v_heads, ub));
+  std::vector<float> st_h = fill(s.n_v_heads * s.head_k * s.head_v, nd);
+  for (auto& x : st_h) x *= 0.1f;
+  float* st = upload(st_h);
+  float* o = static_cast<float*>(be.alloc(kMaxM * s.n_v_heads * s.head_v * 4));
+  out.line("| GDN prefill, 27B shape (48 V heads, 128x128) | M | recurrence us | chunked us | speed-up | "
+           "chunked x 48 layers ms | GDN-only tok/s (48 layers) |");
+  out.line("|---|---|---|---|---|---|---|");
+  for (int64_t M : {64, 128, 256, 512}) {
+    const double rec = 1e3 * cuda::time_ms(be, 3, 20, [&] { be.gdn_recurrent(q, k, v, g, b, st, o, nullptr, M, s); });
+    const double chk = 1e3 * cuda::time_ms(be, 3, 20, [&] { be.gdn_chunked(q, k, v, g, b, st, o, M, s); });
+    out.line(fmt::format("| gdn_chunked vs gdn_recurrent | {} | {:.1f} | {:.1f} | {:.1f}x | {:.2f} | {:.0f} |", M, rec,
+                         chk, rec / chk, kLayers * chk * 1e-3, M / (kLayers * chk * 1e-6)));
+  }
+  out.line("");
+  for (float* p : {q, k, v, g, b, st, o}) be.release(p);
+}
+
 
 // Prefill matmul (bench_matmul_prefill, also alone with --prefill): matmul_prefill (gemm_prefill.cu,
 // bf16 mma.sync) of PTQ1_0 at the 27B shapes for M = 64..512, median of 20 calls on one weight (compute
@@ -121,19 +178,21 @@ void bench_matmul_prefill(Backend& be, Out& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, model_only = false, prefill_only = false;
+  bool quick = false, model_only = false, gdn_only = false, prefill_only = false;
   std::string model_path, out_path;
   int n_tokens = 64;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--model-only") model_only = true;
+    else if (a == "--gdn") gdn_only = true;
     else if (a == "--prefill") prefill_only = true;
     else if (a == "--model" && i + 1 < argc) model_path = argv[++i];
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
     else if (a == "--tokens" && i + 1 < argc) n_tokens = std::atoi(argv[++i]);
     else {
-      fmt::print(stderr, "usage: bench_cuda_ops [--quick] [--model FILE [--model-only]] [--tokens N] [--prefill] [--out FILE.md]\n");
+      fmt::print(stderr,
+                 "usage: bench_cuda_ops [--quick] [--model FILE [--model-only]] [--tokens N] [--gdn] [--prefill] [--out FILE.md]\n");
       return 2;
     }
   }
@@ -145,8 +204,13 @@ int main(int argc, char** argv) {
     Out out;
     auto be = make_cuda_backend(0);
     out.line(fmt::format("device: {}", cuda_device_description(0)));
-    if (prefill_only) {  // section 5 alone
+    if (prefill_only) {  // section 6 alone
       bench_matmul_prefill(*be, out);
+      if (!out_path.empty()) std::ofstream(out_path) << out.md;
+      return 0;
+    }
+    if (gdn_only) {  // section 5 alone
+      bench_gdn_prefill(*be, out);
       if (!out_path.empty()) std::ofstream(out_path) << out.md;
       return 0;
     }
@@ -192,8 +256,9 @@ int main(int argc, char** argv) {
         for (int mi = 0; mi < 2; ++mi) {
           const int64_t M = mi == 0 ? 1 : 8;
           int k = 0;
-          const int iters = std::max(20, 3 * copies);
-          us[mi] = 1e3 * cuda::time_ms(*be, copies, iters, [&] { be->matmul(ws[k++ % copies], dx, dy, M); });
+          // one graph of `copies` back-to-back calls (each on another copy of the matrix), as in a decode graph
+          us[mi] = 1e3 * cuda::time_graph_ms(*be, std::max(copies, 8), 10,
+                                             [&] { be->matmul(ws[k++ % copies], dx, dy, M); });
         }
         const double gbs = host.size() / (us[0] * 1e-6) / 1e9;
         const double dev_gbs = dev_bytes / (us[0] * 1e-6) / 1e9;
@@ -213,8 +278,8 @@ int main(int argc, char** argv) {
 
     // ---- other ops at decode shapes (M = 1 unless noted)
     if (!model_only) {
-      out.line("| op | shape | us |");
-      out.line("|---|---|---|");
+      out.line("| op | shape | us (one launch, events) | us (in a graph of 20) |");
+      out.line("|---|---|---|---|");
       std::mt19937 rng(5);
       std::normal_distribution<float> nd(0.0f, 1.0f);
       auto dev_rand = [&](size_t n, float scale = 1.0f) {
@@ -229,7 +294,8 @@ int main(int argc, char** argv) {
       float* y = dev_rand(8 * 17408);
       float* w = dev_rand(17408);
       auto row = [&](const std::string& op, const std::string& shape, const std::function<void()>& fn) {
-        out.line(fmt::format("| {} | {} | {:.1f} |", op, shape, 1e3 * cuda::time_ms(*be, 3, 50, fn)));
+        out.line(fmt::format("| {} | {} | {:.1f} | {:.1f} |", op, shape, 1e3 * cuda::time_ms(*be, 3, 50, fn),
+                             1e3 * cuda::time_graph_ms(*be, 20, 10, fn)));
       };
       row("rms_norm", "1x5120", [&] { be->rms_norm(x, w, y, 1, E, 1e-6f); });
       row("add", "5120", [&] { be->add(x, y, y, E); });
@@ -284,7 +350,8 @@ int main(int argc, char** argv) {
       out.line("");
     }
 
-    // ---- prefill matmul
+    // ---- prefill GDN
+    if (!model_only) bench_gdn_prefill(*be, out);
     if (!model_only) bench_matmul_prefill(*be, out);
 
     // ---- whole model

@@ -13,6 +13,9 @@
 #       build-cuda/gpu/, writes logs and tables under $OUT (default ./out-gpu), prints a summary last.
 #       --model27 TYPE also writes the synthetic 27B file (dflash synth --preset bonsai-27b, ~6-7 GB,
 #       into /tmp, never carried) and measures whole-model decode on it.
+#       --dflash-bench TYPE writes the synthetic 27B target of TYPE and the 27B-shaped drafter
+#       (`dflash synth-drafter --preset qwen38-27b`) and runs `dflash bench --device cuda` on the pair
+#       (extra bench options in $DBENCH_ARGS).
 #
 # Through the device tool:  run(command="bash scripts/gpu_test.sh", carry=["build-cuda/gpu"])
 set -uo pipefail
@@ -37,13 +40,14 @@ if [ "${1:-}" = "--stage" ]; then
   exit 0
 fi
 
-RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64
+RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64 DBENCH=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-test) RUN_TEST=0 ;;
     --no-bench) RUN_BENCH=0 ;;
     --model27) MODEL27="$2"; shift ;;
     --tokens) TOKENS="$2"; shift ;;
+    --dflash-bench) DBENCH="$2"; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -85,6 +89,20 @@ if [ -n "$MODEL27" ]; then
   rm_=$?
   echo "bench model $MODEL27: exit $rm_ in $(( $(date +%s) - t0 )) s"
   [ $rm_ = 0 ] || rc=1
+fi
+
+if [ -n "$DBENCH" ]; then
+  # `dflash bench` on the synthetic 27B pair: target of type $DBENCH + the 27B-shaped drafter.
+  F=/tmp/bonsai27-$DBENCH.gguf D=/tmp/drafter27.gguf
+  t0=$(date +%s)
+  [ -f "$F" ] || timeout 200 "$G/dflash" synth "$F" --preset bonsai-27b --type "$DBENCH" >"$OUT/synth_$DBENCH.log" 2>&1
+  [ -f "$D" ] || timeout 120 "$G/dflash" synth-drafter "$D" --preset qwen38-27b --target "$F" >"$OUT/synth_drafter.log" 2>&1
+  echo "synth pair $DBENCH: $(( $(date +%s) - t0 )) s"
+  t0=$(date +%s)
+  timeout 300 "$G/dflash" bench --device cuda -m "$F" -d "$D" -p 512 -n "$TOKENS" -r 2 ${DBENCH_ARGS:-} \
+    >"$OUT/dflash_bench_$DBENCH.md" 2>"$OUT/dflash_bench_$DBENCH.log"
+  echo "dflash bench $DBENCH: exit $? in $(( $(date +%s) - t0 )) s"
+  cat "$OUT/dflash_bench_$DBENCH.md"; tail -5 "$OUT/dflash_bench_$DBENCH.log"
 fi
 
 echo "================ summary"

@@ -50,9 +50,13 @@ class CudaBackend final : public Backend {
     cudaDeviceProp prop{};
     DFLASH_CUDA_CALL(cudaGetDeviceProperties(&prop, device));
     desc_ = prop.name;
+    num_sms_ = prop.multiProcessorCount;
     debug_ = env_flag("DFLASH_CUDA_DEBUG", false);
     // Graphs replay what was captured, so a fault would name no op: debug mode runs ops directly.
     graphs_ = env_flag("DFLASH_CUDA_GRAPHS", true) && !debug_;
+    // PQ2_0 / PTQ1_0 layout: integer tensor cores (default), or DFLASH_CUDA_TERNARY_MMA=0 for the
+    // planar CUDA-core layout of round 1 (kept for comparison).
+    ternary_mma_ = env_flag("DFLASH_CUDA_TERNARY_MMA", true);
   }
 
   ~CudaBackend() override {
@@ -125,7 +129,7 @@ class CudaBackend final : public Backend {
     dw.type = static_cast<int>(type);
     dw.in = in;
     dw.out = out;
-    if (type == GgmlType::PQ2_0 || type == GgmlType::PTQ1_0) {
+    if ((type == GgmlType::PQ2_0 || type == GgmlType::PTQ1_0) && !ternary_mma_) {
       // planar 2-bit: codes [out][in/4] then fp16 scales [out][in/128]
       const size_t code_bytes = static_cast<size_t>(out) * (in / 4);
       const size_t scale_off = (code_bytes + 255) / 256 * 256;
@@ -145,6 +149,23 @@ class CudaBackend final : public Backend {
       dw.scales = scales;
       dw.layout = cuda::Layout::kPlanar2;
       dw.row_stride = static_cast<size_t>(in / 4);
+      weight_bytes_[buf] = total;
+    } else if (type == GgmlType::PQ2_0 || type == GgmlType::PTQ1_0) {
+      // ternary: transcoded on the device to the tensor-core layout (matmul_ternary.cu)
+      const size_t code_bytes = cuda::ternary_code_bytes(in, out);
+      const size_t scale_off = (code_bytes + 255) / 256 * 256;
+      const size_t total = scale_off + cuda::ternary_scale_bytes(in, out);
+      uint8_t* buf = static_cast<uint8_t*>(device_alloc(total, "weight"));
+      void* raw = device_alloc(file_bytes, "weight staging");
+      DFLASH_CUDA_CALL(cudaMemcpyAsync(raw, host_data, file_bytes, cudaMemcpyHostToDevice, stream_));
+      cuda::launch_to_ternary_mma(static_cast<const uint8_t*>(raw), type == GgmlType::PTQ1_0, buf, buf + scale_off,
+                                  in, out, stream_);
+      after("upload_weight transcode");
+      DFLASH_CUDA_CALL(cudaStreamSynchronize(stream_));
+      DFLASH_CUDA_CALL(cudaFree(raw));
+      dw.data = buf;
+      dw.scales = reinterpret_cast<const uint16_t*>(buf + scale_off);
+      dw.layout = cuda::Layout::kTernaryMma;
       weight_bytes_[buf] = total;
     } else {
       uint8_t* buf = static_cast<uint8_t*>(device_alloc(file_bytes, "weight"));
@@ -171,12 +192,12 @@ class CudaBackend final : public Backend {
   // ---- linear algebra ---------------------------------------------------------------------------
   void matmul(const WeightRef& w, const float* x, float* y, int64_t M) override {
     const cuda::DevWeight dw = dev_weight(w, "matmul");
-    cuda::launch_matmul(dw, x, y, M, stream_);
+    run_matmul(dw, x, y, M);
     after("matmul");
   }
   void matmul_prefill(const WeightRef& w, const float* x, float* y, int64_t M) override {
     const cuda::DevWeight dw = dev_weight(w, "matmul_prefill");
-    if (!cuda::launch_matmul_prefill(dw, x, y, M, stream_)) cuda::launch_matmul(dw, x, y, M, stream_);
+    if (!cuda::launch_matmul_prefill(dw, x, y, M, stream_)) run_matmul(dw, x, y, M);
     after("matmul_prefill");
   }
   // ids are device memory: an id outside [0, out) cannot be checked here; its row comes out NaN.
@@ -320,12 +341,28 @@ class CudaBackend final : public Backend {
                                s.head_v, stream_);
     after("gdn_recurrent");
   }
-  // Prefill falls back to the recurrence (allowed by the contract); a chunked kernel is a later round.
+  // Prefill: the chunked WY kernels (gdn_chunked.cu) for heads up to 128, else the recurrence (allowed
+  // by the contract). Rows go in slices of 512 (a multiple of the 64-row chunk, so slicing does not move
+  // a chunk boundary and gives the bits of one call) to bound the scratch: 48 heads x 512 rows = 31 MB.
+  // The scratch shares the attention slot: both are used only inside their own op on this stream.
   void gdn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
                    float* out, int64_t M, const GdnShape& s) override {
     check_gdn(s, "gdn_chunked");
-    cuda::launch_gdn_recurrent(q, k, v, g, beta, state, out, nullptr, M, s.n_k_heads, s.n_v_heads, s.head_k,
-                               s.head_v, stream_);
+    if (s.head_k <= cuda::kGdnChunkedMaxHead && s.head_v <= cuda::kGdnChunkedMaxHead) {
+      constexpr int64_t kSlice = 512;
+      for (int64_t r0 = 0; r0 < M; r0 += kSlice) {
+        const int64_t nr = std::min(kSlice, M - r0);
+        float* tmp = static_cast<float*>(scratch(
+            kScratchAttention, sizeof(float) * cuda::gdn_chunked_scratch_floats(nr, s.n_v_heads, s.head_k, s.head_v)));
+        cuda::launch_gdn_chunked(q + r0 * s.n_k_heads * s.head_k, k + r0 * s.n_k_heads * s.head_k,
+                                 v + r0 * s.n_v_heads * s.head_v, g + r0 * s.n_v_heads, beta + r0 * s.n_v_heads, state,
+                                 out + r0 * s.n_v_heads * s.head_v, nr, s.n_k_heads, s.n_v_heads, s.head_k, s.head_v,
+                                 tmp, stream_);
+      }
+    } else {
+      cuda::launch_gdn_recurrent(q, k, v, g, beta, state, out, nullptr, M, s.n_k_heads, s.n_v_heads, s.head_k,
+                                 s.head_v, stream_);
+    }
     after("gdn_chunked");
   }
 
@@ -371,12 +408,26 @@ class CudaBackend final : public Backend {
   std::string layout_name(const WeightRef& w) const {
     auto it = weights_.find(w.data);
     if (it == weights_.end()) return "blocks (raw)";
-    return it->second.layout == cuda::Layout::kPlanar2 ? "planar-2bit" : "blocks";
+    switch (it->second.layout) {
+      case cuda::Layout::kTernaryMma: return "ternary-mma";
+      case cuda::Layout::kPlanar2: return "planar-2bit";
+      default: return "blocks";
+    }
   }
   void* bench_scratch(size_t bytes) { return scratch(kScratchBench, bytes); }
 
  private:
-  enum ScratchSlot { kScratchHadamard, kScratchAttention, kScratchArgmax, kScratchTopK, kScratchBench, kNumScratch };
+  enum ScratchSlot {
+    kScratchHadamard,
+    kScratchAttention,
+    kScratchArgmax,
+    kScratchTopK,
+    kScratchMatmulXq,
+    kScratchMatmulPartial,
+    kScratchMatmulSems,
+    kScratchBench,
+    kNumScratch
+  };
   struct ScratchBuf {
     void* ptr = nullptr;
     size_t bytes = 0;
@@ -399,9 +450,19 @@ class CudaBackend final : public Backend {
                    "before capturing it)", b.bytes, bytes);
       if (b.ptr) retired_.push_back(b.ptr);
       b.ptr = device_alloc(bytes, "scratch");
+      DFLASH_CUDA_CALL(cudaMemsetAsync(b.ptr, 0, bytes, stream_));  // the matmul's k-split counters start at 0
       b.bytes = bytes;
     }
     return b.ptr;
+  }
+
+  void run_matmul(const cuda::DevWeight& dw, const float* x, float* y, int64_t M) {
+    const cuda::TernaryScratch need = cuda::matmul_scratch(dw, M, num_sms_);
+    cuda::TernaryBuffers buf;
+    if (need.xq_bytes) buf.xq = scratch(kScratchMatmulXq, need.xq_bytes);
+    if (need.partial_bytes) buf.partial = static_cast<float*>(scratch(kScratchMatmulPartial, need.partial_bytes));
+    if (need.sem_bytes) buf.sems = static_cast<unsigned*>(scratch(kScratchMatmulSems, need.sem_bytes));
+    cuda::launch_matmul(dw, x, y, M, buf, num_sms_, stream_);
   }
 
   cuda::DevWeight dev_weight(const WeightRef& w, const char* op) const {
@@ -454,6 +515,7 @@ class CudaBackend final : public Backend {
   }
 
   int device_ = 0;
+  int num_sms_ = 1;
   cudaStream_t stream_ = nullptr;
   std::string desc_;
   bool debug_ = false;
@@ -463,6 +525,7 @@ class CudaBackend final : public Backend {
   ScratchBuf scratch_[kNumScratch];
   std::vector<void*> retired_;  // outgrown scratch buffers (graphs may still read them)
   bool graphs_ = true;
+  bool ternary_mma_ = true;
   bool capturing_ = false;
 };
 
@@ -520,6 +583,30 @@ double time_ms(Backend& be, int warmup, int iters, const std::function<void()>& 
   cudaEventDestroy(b);
   std::sort(t.begin(), t.end());
   return t.empty() ? 0.0 : t[t.size() / 2];
+}
+
+double time_graph_ms(Backend& be, int batch, int iters, const std::function<void()>& fn) {
+  CudaBackend& c = as_cuda(be);
+  batch = std::max(batch, 1);
+  fn();  // once directly: scratch buffers reach their size outside the capture
+  c.synchronize();
+  std::unique_ptr<StepGraph> graph;
+  if (c.begin_capture()) {
+    try {
+      for (int i = 0; i < batch; ++i) fn();
+    } catch (...) {
+      c.end_capture();
+      throw;
+    }
+    graph = c.end_capture();
+  }
+  const double ms = time_ms(be, 2, iters, [&] {
+    if (graph)
+      graph->launch();
+    else
+      for (int i = 0; i < batch; ++i) fn();  // graphs disabled (DFLASH_CUDA_GRAPHS=0): plain launches
+  });
+  return ms / batch;
 }
 
 double read_bandwidth_gbps(Backend& be, size_t bytes, int iters) {

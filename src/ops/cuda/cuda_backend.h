@@ -6,10 +6,10 @@
 // Design (see each .cu file for its kernels):
 //  - memory: cudaMalloc'd device memory (never managed memory); upload/copy/fill are async on the
 //    backend's stream; download and synchronize wait.
-//  - weights: upload_weight copies the file's bytes to the device. PQ2_0 and PTQ1_0 are stored in a
-//    planar 2-bit layout (codes of a row contiguous, the fp16 scales in a separate array); PTQ1_0's
-//    base-3 trits are transcoded to those 2-bit codes at load time (SPEC 8: the base-3 unpack is
-//    ALU-heavy; an H200 has memory to spare). Every other type keeps the file's block layout.
+//  - weights: upload_weight copies the file's bytes to the device. PQ2_0 and PTQ1_0 are transcoded
+//    on the device to 2-bit codes in the tensor-core fragment order of matmul_ternary.cu (PTQ1_0's
+//    base-3 trits too: SPEC 8, the base-3 unpack is ALU-heavy; an H200 has memory to spare). Every
+//    other type keeps the file's block layout.
 //  - lossless (SPEC 5.5): every kernel computes one output row from that row's data with a reduction
 //    order fixed by the op's sizes; the number of rows M only changes the grid. In particular each
 //    matmul output y[m][o] is one fixed sequence of fp32 fmas (lane -> K positions fixed by K, fixed
@@ -46,6 +46,11 @@ std::string weight_layout(Backend& be, const WeightRef& w);
 // Event timing on the backend's stream: returns the median milliseconds of `iters` runs of fn()
 // (after `warmup` runs), each run bracketed by events.
 double time_ms(Backend& be, int warmup, int iters, const std::function<void()>& fn);
+
+// The same with fn() called `batch` times inside one CUDA graph (captured once, replayed): returns the
+// median milliseconds of ONE fn() as it runs in a decode graph, without launch or event overhead
+// between the calls. fn must enqueue ops only (no allocation, upload or download).
+double time_graph_ms(Backend& be, int batch, int iters, const std::function<void()>& fn);
 
 // Streaming-read bandwidth floor measured on the backend's device: a kernel reading `bytes`
 // (16-byte loads, every byte once, a checksum written so nothing is elided), median of iters runs.

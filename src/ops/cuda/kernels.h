@@ -15,24 +15,44 @@ namespace dflash::cuda {
 // ---- weight layouts (matmul.cu) -----------------------------------------------------------------
 // How a weight lives on the device.
 enum class Layout : int {
-  kBlocks = 0,     // the file's blocks, rows `row_stride` bytes apart (row_stride >= the file's row bytes)
-  kPlanar2 = 1,    // 2-bit codes (value = (code - 1) * d): codes [out][in/4] bytes in the lane-interleaved
-                   // order of matmul.cu (mm_planar2), then fp16 scales [out][in/128]
+  kBlocks = 0,      // the file's blocks, rows `row_stride` bytes apart (row_stride >= the file's row bytes)
+  kPlanar2 = 2,     // 2-bit codes (value = (code - 1) * d): codes [out][in/4] bytes in the lane-interleaved
+                    // order of matmul.cu (mm_planar2), then fp16 scales [out][in/128]
+  kTernaryMma = 1,  // ternary 2-bit codes (value = (code - 1) * d) in the tensor-core fragment order of
+                    // matmul_ternary.cu: codes [Np/16][in/128][16][32 B], fp16 scales [Np/16][in/128][16]
 };
 
+// Rows of a kTernaryMma weight on the device: out padded to a multiple of 16 (one mma tile).
+inline int64_t padded_rows(int64_t out) { return (out + 15) / 16 * 16; }
+
 struct DevWeight {
-  const uint8_t* data = nullptr;  // kBlocks: rows; kPlanar2: codes
-  const uint16_t* scales = nullptr;  // kPlanar2: fp16 d per 128 elements
+  const uint8_t* data = nullptr;     // kBlocks: rows; kPlanar2, kTernaryMma: codes
+  const uint16_t* scales = nullptr;  // kPlanar2, kTernaryMma: fp16 d per 128 elements
   int type = 0;                    // GgmlType id of the FILE (for kBlocks: the block format)
   Layout layout = Layout::kBlocks;
   int64_t in = 0, out = 0;
-  size_t row_stride = 0;  // bytes between rows (kBlocks: file row bytes; kPlanar2: in / 4)
+  size_t row_stride = 0;  // bytes between rows (kBlocks: file row bytes; kPlanar2: in / 4; kTernaryMma: unused)
 };
 
 // True when matmul/get_rows have a kernel for this (file type, layout).
 bool matmul_supported(int type);
 // y[M, out] = x[M, in] . W^T. M any; rows go in tiles of at most 8 through the same per-row arithmetic.
-void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, cudaStream_t s);
+// Scratch of the ternary kernel: the quantized activations (always), and for a k split the partial
+// sums and arrival counters that must be zero when allocated (each launch leaves them at zero again).
+struct TernaryScratch {
+  size_t xq_bytes = 0;
+  size_t partial_bytes = 0;
+  size_t sem_bytes = 0;
+};
+struct TernaryBuffers {
+  void* xq = nullptr;
+  float* partial = nullptr;
+  unsigned* sems = nullptr;
+};
+TernaryScratch matmul_scratch(const DevWeight& w, int64_t M, int num_sms);
+// num_sms: the device's multiprocessors (it sets the k split of a weight, never M).
+void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf, int num_sms,
+                   cudaStream_t s);
 // Prefill product (Backend::matmul_prefill): a tensor-core kernel whose rounding may depend on M.
 // Returns false when it has no kernel for this weight / M (the caller then uses launch_matmul).
 bool launch_matmul_prefill(const DevWeight& w, const float* x, float* y, int64_t M, cudaStream_t s);
@@ -44,6 +64,22 @@ void launch_ptq1_to_planar2(const uint8_t* src, uint8_t* codes, uint16_t* scales
 // PQ2_0 blocks (34 B / 128) -> planar 2-bit codes + scales.
 void launch_pq2_to_planar2(const uint8_t* src, uint8_t* codes, uint16_t* scales, int64_t in, int64_t out,
                            cudaStream_t s);
+
+// ---- ternary weights on tensor cores (matmul_ternary.cu) ------------------------------------------
+// Device bytes of the kTernaryMma codes and scales of an out x in weight.
+size_t ternary_code_bytes(int64_t in, int64_t out);
+size_t ternary_scale_bytes(int64_t in, int64_t out);
+// PTQ1_0 (28 B / 128, ptq1) or PQ2_0 (34 B / 128) blocks, out rows of in/128 blocks on the device ->
+// kTernaryMma codes + scales.
+void launch_to_ternary_mma(const uint8_t* src, bool ptq1, uint8_t* codes, uint8_t* scales, int64_t in, int64_t out,
+                           cudaStream_t s);
+// The k split (CTAs per 64-row tile) of an out x in ternary weight: a function of the shape and the
+// device only, never of M (so M rows keep the bits of one row).
+int ternary_splits(int64_t out, int64_t in, int num_sms);
+TernaryScratch ternary_scratch(const DevWeight& w, int64_t M, int num_sms);
+void launch_matmul_ternary(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf,
+                           int num_sms, cudaStream_t s);
+void launch_get_rows_ternary(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s);
 
 // ---- norms and elementwise (norm.cu) --------------------------------------------------------------
 void launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, cudaStream_t s);
@@ -85,6 +121,13 @@ void launch_gdn_recurrent(const float* q, const float* k, const float* v, const 
                           float* state, float* out, float* snapshots, int64_t M, int64_t n_k_heads, int64_t n_v_heads,
                           int64_t head_k, int64_t head_v, cudaStream_t s);
 constexpr int64_t kGdnMaxHeadK = 256;
+// Chunked (WY) form for prefill (gdn_chunked.cu), heads up to kGdnChunkedMaxHead: scratch is
+// gdn_chunked_scratch_floats(...) floats of device memory (W, U~, QK of every chunk and head).
+void launch_gdn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                        float* state, float* out, int64_t M, int64_t n_k_heads, int64_t n_v_heads, int64_t head_k,
+                        int64_t head_v, float* scratch, cudaStream_t s);
+size_t gdn_chunked_scratch_floats(int64_t M, int64_t n_v_heads, int64_t head_k, int64_t head_v);
+constexpr int64_t kGdnChunkedMaxHead = 128;
 
 // ---- sampling (topk.cu) -------------------------------------------------------------------------------
 // scratch: at least argmax_scratch_bytes(M) bytes.

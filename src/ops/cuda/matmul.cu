@@ -602,13 +602,22 @@ bool matmul_supported(int type) {
   }
 }
 
-void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, cudaStream_t s) {
+TernaryScratch matmul_scratch(const DevWeight& w, int64_t M, int num_sms) {
+  return w.layout == Layout::kTernaryMma ? ternary_scratch(w, M, num_sms) : TernaryScratch{};
+}
+
+void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf, int num_sms,
+                   cudaStream_t s) {
   if (M <= 0 || w.out <= 0) return;
+  if (w.layout == Layout::kTernaryMma) {
+    launch_matmul_ternary(w, x, y, M, buf, num_sms, s);
+    return;
+  }
   // M rows in grid.y tiles: the largest grid.y is 65535 tiles of 8 rows; larger M goes in slices.
   constexpr int64_t kMaxSlice = 65535 * kMaxR;
   if (M > kMaxSlice) {
     for (int64_t m0 = 0; m0 < M; m0 += kMaxSlice)
-      launch_matmul(w, x + m0 * w.in, y + m0 * w.out, std::min(kMaxSlice, M - m0), s);
+      launch_matmul(w, x + m0 * w.in, y + m0 * w.out, std::min(kMaxSlice, M - m0), buf, num_sms, s);
     return;
   }
   // 16-byte activation loads need every row start aligned: x aligned and K a multiple of 4 floats.
@@ -647,6 +656,10 @@ void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, cuda
 
 void launch_get_rows(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s) {
   if (M <= 0) return;
+  if (w.layout == Layout::kTernaryMma) {
+    launch_get_rows_ternary(w, ids, y, M, s);
+    return;
+  }
   if (w.layout == Layout::kPlanar2) {
     get_rows_planar2_kernel<<<dim3(ceil_div_u(w.in, 256), static_cast<unsigned>(M)), 256, 0, s>>>(
         w.data, w.scales, w.in, w.out, ids, y);

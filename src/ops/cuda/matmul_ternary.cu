@@ -1,0 +1,475 @@
+// Ternary matmul on integer tensor cores (PQ2_0, and PTQ1_0 transcoded at load time): the device
+// layout, the load-time transcodes, the activation quantizer, the 8-column matmul tiles and get_rows.
+//
+// Why tensor cores for a GEMV. At the H200's ~4.5 TB/s a 2-bit weight arrives every ~0.06 ns and
+// the chip issues ~1 warp-instruction per ns per 2 SMs: a kernel has ~2 thread-instructions per
+// weight before it is ALU-bound. A CUDA-core dot product spends ~3 per weight at one activation row
+// and ~10 at eight (the verify block); an f16 mma path (codes to f16, activations split hi + lo)
+// measured ~4 per weight. Here a weight costs ~0.5 instructions to unpack for any number of
+// activation rows up to 8 (the n of mma.m16n8k32), so the kernel can stay memory-bound and an
+// 8-row verify costs about what one row does.
+//
+// Exactness. Activations are quantized per (row, block of 128) to a 24-bit block floating point:
+// u = rint(x * 2^(16 - E)) with 2^E the power of two that puts the block's largest |x| in [32, 64),
+// so |u| < 2^22 and the rounding error is <= 2^-23 of the block's largest |x| (fp32 level). u is
+// split into three signed bytes, u = 65536 u0 + 256 u1 + u2. With the weight codes c in {0,1,2}
+// as unsigned bytes, mma.s32.u8.s8 gives sum c * u_i exactly in int32, the accumulator starts at
+// -S_i = -sum u_i (so it ends at sum (c - 1) u_i), and v = (D0 * 256 + D1) * 256 + D2 is the exact
+// integer sum (c - 1) u (|v| < 2^31). Per block: acc = fma(d * 2^(E-16), float(v), acc). Integer
+// sums do not depend on order, so the only roundings are the quantization, float(v) and the block
+// fmas, in a fixed order: nothing depends on M, the number of activation rows (tested bit for bit).
+//
+// Layout "ternary-mma" (Layout::kTernaryMma). Rows are padded to Np = 16 * ceil(out / 16) (pad rows:
+// codes 0 and scale 0, never stored); nblk = in / 128 blocks of 128 inputs share one fp16 scale d.
+//   codes  u32 [Np/16 tiles][nblk][16 rows r][8 words]        32 bytes per row and block
+//   scales u32 [Np/16 tiles][nblk][8 g] = fp16x2 (d of tile row g, d of tile row g + 8)
+// Words 2t and 2t + 1 of a row block serve lane-quad position t (= lane & 3). Word w holds 16 codes:
+// register q = 0..3 of it is (word >> 2q) & 0x03030303, the 4 codes (bytes e = 0..3) of
+// k = 32 j + 16 h + 4 t + e with j = 2w + q / 2 (the k32 step) and h = q % 2. That is what lane
+// (g, t) holds of A in mma.m16n8k32 (PTX ISA, "Matrix Fragments for mma.m16n8k32"): a0 = (row g,
+// k 4t..4t+3), a1 = (row g+8, same k), a2 = (row g, k 4t+16..4t+19), a3 = (row g+8, k 4t+16..);
+// B (activations, col-major) b0 = (k 4t..4t+3; n = g), b1 = (k 4t+16..; n = g); D: d0d1 = (row g,
+// n 2t, 2t+1), d2d3 = (row g+8, n 2t, 2t+1).
+//
+// Work split: a CTA (4 warps) owns 4 tiles (64 weight rows) x 8 activation rows x a k-range; warp w
+// takes blocks b_lo + w, + 4, ... of it in order; the 4 warp sums are added in warp order; with a
+// k split over CTAs (ks > 1, a function of the weight's shape and the GPU) the ks partial sums are
+// added in split order by the CTA that finishes last. Each warp streams its blocks through a
+// 4-stage cp.async ring in shared memory, so three blocks' loads are in flight while one computes.
+#include <algorithm>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/kernels.h"
+
+namespace dflash::cuda {
+namespace {
+
+constexpr int kTilesPerCta = 4;  // 16-row tiles per CTA (64 weight rows)
+constexpr int kWarpsPerCta = 4;  // warps per CTA, splitting the CTA's blocks
+constexpr int kCols = 8;         // activation rows per CTA (the n of the mma)
+constexpr int kStages = 4;       // cp.async ring depth per warp
+constexpr int kXqBytes = 3 * 128;  // one (row, block) of quantized activations: 3 digit planes
+constexpr int kXqMeta = 16;        // and its S0, S1, S2, 2^(E-16)
+
+// Trit n of a base-3 byte (PTQ1_0): ((uint8)(b * 3^n) * 3) >> 8, in 0..2.
+__device__ __forceinline__ uint32_t trit3(uint32_t b, int n) {
+  const uint32_t pw = n == 0 ? 1u : n == 1 ? 3u : n == 2 ? 9u : n == 3 ? 27u : 81u;
+  return (((b * pw) & 0xffu) * 3u) >> 8;
+}
+// Code (0..2) of element e of a PTQ1_0 block (28 B / 128): elems 0..79 digit n of qs[m] (16n + m);
+// 80..119 digit n of qs[16 + m] (80 + 8n + m); 120..127 digit n of qh[h] (120 + 2n + h).
+__device__ __forceinline__ uint32_t ptq1_code_of(const uint8_t* b, int e) {
+  if (e < 80) return trit3(b[e & 15], e >> 4);
+  if (e < 120) return trit3(b[16 + ((e - 80) & 7)], (e - 80) >> 3);
+  return trit3(b[24 + ((e - 120) & 1)], (e - 120) >> 1);
+}
+// PQ2_0 (34 B / 128): fp16 d, then element e at bits 2 (e % 4) of byte 2 + e / 4.
+__device__ __forceinline__ uint32_t pq2_code_of(const uint8_t* b, int e) { return (b[2 + (e >> 2)] >> (2 * (e & 3))) & 3u; }
+
+// Position of element k (0..127) of a row block in the layout: word index (0..7) and bit of its code.
+__device__ __forceinline__ void code_position(int k, int& word, int& bit) {
+  const int j = k >> 5, h = (k >> 4) & 1, t = (k >> 2) & 3, e = k & 3;
+  word = 2 * t + (j >> 1);
+  bit = 8 * e + 2 * (2 * (j & 1) + h);
+}
+
+// ---- load-time transcode: one thread per destination code word -----------------------------------
+
+template <bool kPtq1>
+__global__ void to_ternary_mma_kernel(const uint8_t* __restrict__ src, uint32_t* __restrict__ codes,
+                                      uint32_t* __restrict__ scales, int64_t N, int nblk, int64_t total_words) {
+  const int64_t gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (gid >= total_words) return;
+  const int wi = static_cast<int>(gid & 7), r = static_cast<int>((gid >> 3) & 15);
+  const int64_t rest = gid >> 7;
+  const int b = static_cast<int>(rest % nblk);
+  const int64_t tile = rest / nblk;
+  const int64_t row = tile * 16 + r;
+  const int t = wi >> 1, w = wi & 1;
+  uint32_t word = 0;
+  uint16_t d = 0;
+  if (row < N) {
+    const uint8_t* blk = src + (row * nblk + b) * (kPtq1 ? 28 : 34);
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int k = 32 * (2 * w + (q >> 1)) + 16 * (q & 1) + 4 * t + e;
+        const uint32_t c = kPtq1 ? ptq1_code_of(blk, k) : pq2_code_of(blk, k);
+        word |= c << (8 * e + 2 * q);
+      }
+    d = kPtq1 ? static_cast<uint16_t>(blk[26] | (blk[27] << 8)) : static_cast<uint16_t>(blk[0] | (blk[1] << 8));
+  }
+  codes[gid] = word;
+  if (wi == 0) reinterpret_cast<uint16_t*>(scales)[((tile * nblk + b) * 8 + (r & 7)) * 2 + (r >> 3)] = d;
+}
+
+// ---- activation quantizer: one CTA of 128 threads per (row, block) ---------------------------------
+// xq: [M][nblk] records of 3 digit planes, each in B-fragment order (lane-quad t's 8 words: word
+// 2j + h holds bytes k = 32 j + 16 h + 4 t + e), then meta [M][nblk] = (S0, S1, S2, float 2^(E-16)).
+
+__global__ void __launch_bounds__(128) quantize_x24_kernel(const float* __restrict__ x, int64_t K, int nblk,
+                                                           uint8_t* __restrict__ xq, int32_t* __restrict__ meta) {
+  __shared__ float smax[4];
+  __shared__ int ssum[3][4];
+  const int k = threadIdx.x, lane = k & 31, warp = k >> 5;
+  const int b = blockIdx.x;
+  const int64_t m = blockIdx.y;
+  const float v = x[m * K + static_cast<int64_t>(b) * 128 + k];
+  float amax = fabsf(v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (lane == 0) smax[warp] = amax;
+  __syncthreads();
+  amax = fmaxf(fmaxf(smax[0], smax[1]), fmaxf(smax[2], smax[3]));
+  int ex = 0;
+  if (amax > 0.0f && isfinite(amax)) frexpf(amax, &ex);  // amax = f 2^ex, f in [0.5, 1)
+  const int E = ex - 6;                                   // |x| / 2^E < 64
+  const int u = __float2int_rn(ldexpf(v, 16 - E));         // |u| < 2^22, exact product
+  const int d2 = static_cast<int8_t>(u & 0xff);
+  const int u1 = (u - d2) >> 8;
+  const int d1 = static_cast<int8_t>(u1 & 0xff);
+  const int d0 = (u1 - d1) >> 8;  // |d0| <= 64
+  const int j = k >> 5, h = (k >> 4) & 1, t = (k >> 2) & 3, e = k & 3;
+  uint8_t* rec = xq + (m * nblk + b) * kXqBytes + t * 32 + (2 * j + h) * 4 + e;
+  rec[0] = static_cast<uint8_t>(d0);
+  rec[128] = static_cast<uint8_t>(d1);
+  rec[256] = static_cast<uint8_t>(d2);
+  const int s0 = __reduce_add_sync(0xffffffffu, d0), s1 = __reduce_add_sync(0xffffffffu, d1),
+            s2 = __reduce_add_sync(0xffffffffu, d2);
+  if (lane == 0) {
+    ssum[0][warp] = s0;
+    ssum[1][warp] = s1;
+    ssum[2][warp] = s2;
+  }
+  __syncthreads();
+  if (k < 3) meta[(m * nblk + b) * 4 + k] = ssum[k][0] + ssum[k][1] + ssum[k][2] + ssum[k][3];
+  if (k == 3) meta[(m * nblk + b) * 4 + 3] = __float_as_int(ldexpf(1.0f, E - 16));
+}
+
+// ---- matmul --------------------------------------------------------------------------------------
+
+struct TernaryArgs {
+  const uint32_t* codes;
+  const uint32_t* scales;
+  const uint8_t* xq;    // quantized activations [M][nblk][384 B]
+  const int32_t* meta;  // [M][nblk][4]
+  float* y;
+  float* partial;  // ks > 1: [ks][gridDim.y][8][Np]
+  unsigned* sem;   // ks > 1: [gridDim.y][gridDim.x] arrival counters, 0 between launches
+  int64_t N, Np, M;
+  int nblk, ks;
+};
+
+__device__ __forceinline__ void mma_u8s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1, const int (&c)[4]) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
+}
+
+// Stage layout: codes [4 tiles][16 rows][8 words] | scales [4 tiles][8] | xq [mc][384 B] | meta [mc][4].
+__host__ __device__ constexpr int stage_bytes(int mc) {
+  return kTilesPerCta * 512 + kTilesPerCta * 32 + mc * (kXqBytes + kXqMeta);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// One warp copies block b (codes and scales of the CTA's tiles, quantized activations of its mc
+// rows) into a stage: 16-byte pieces, lane-strided.
+__device__ __forceinline__ void issue_block(const TernaryArgs& a, int b, int tile0, int nt, int64_t m0, int mc,
+                                            int lane, uint8_t* stage) {
+#pragma unroll
+  for (int i = 0; i < kTilesPerCta; ++i)
+    if (i < nt)
+      cp_async16(stage + i * 512 + lane * 16, a.codes + ((static_cast<int64_t>(tile0 + i) * a.nblk + b) * 128 + lane * 4));
+  if (lane < 2 * nt)
+    cp_async16(stage + kTilesPerCta * 512 + lane * 16,
+               a.scales + ((static_cast<int64_t>(tile0 + (lane >> 1)) * a.nblk + b) * 8 + (lane & 1) * 4));
+  uint8_t* xs = stage + kTilesPerCta * 544;
+  for (int p = lane; p < mc * (kXqBytes / 16); p += 32) {  // 24 pieces per row
+    const int r = p / (kXqBytes / 16), q = p % (kXqBytes / 16);
+    cp_async16(xs + r * kXqBytes + q * 16, a.xq + ((m0 + r) * a.nblk + b) * kXqBytes + q * 16);
+  }
+  if (lane < mc)
+    cp_async16(xs + mc * kXqBytes + lane * 16, a.meta + ((m0 + lane) * a.nblk + b) * 4);
+}
+
+// One staged block for the CTA's tiles: acc[i][j] += d * 2^(E-16) * sum (c - 1) u (exact integer).
+__device__ __forceinline__ void block_compute(const uint8_t* stage, int nt, int mc, int g, int t,
+                                              float (&acc)[kTilesPerCta][4]) {
+  const uint8_t* xs = stage + kTilesPerCta * 544;
+  // B: digit planes of activation row g (zero columns past mc), 8 words per plane for this lane.
+  uint4 bq[3][2];
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    if (g < mc) {
+      const uint4* src = reinterpret_cast<const uint4*>(xs + g * kXqBytes + i * 128 + t * 32);
+      bq[i][0] = src[0];
+      bq[i][1] = src[1];
+    } else {
+      bq[i][0] = bq[i][1] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  // C init -S_i and the scales 2^(E-16) of columns 2t and 2t + 1.
+  int4 m_lo = make_int4(0, 0, 0, 0), m_hi = make_int4(0, 0, 0, 0);
+  const int4* meta = reinterpret_cast<const int4*>(xs + mc * kXqBytes);
+  if (2 * t < mc) m_lo = meta[2 * t];
+  if (2 * t + 1 < mc) m_hi = meta[2 * t + 1];
+  const int c0[4] = {-m_lo.x, -m_hi.x, -m_lo.x, -m_hi.x};
+  const int c1[4] = {-m_lo.y, -m_hi.y, -m_lo.y, -m_hi.y};
+  const int c2[4] = {-m_lo.z, -m_hi.z, -m_lo.z, -m_hi.z};
+  const float sx[2] = {__int_as_float(m_lo.w), __int_as_float(m_hi.w)};
+#pragma unroll
+  for (int i = 0; i < kTilesPerCta; ++i) {
+    if (i >= nt) continue;
+    const uint32_t* cw = reinterpret_cast<const uint32_t*>(stage + i * 512);
+    const uint2 rg = *reinterpret_cast<const uint2*>(cw + g * 8 + 2 * t);
+    const uint2 rg8 = *reinterpret_cast<const uint2*>(cw + (g + 8) * 8 + 2 * t);
+    const uint32_t sc = reinterpret_cast<const uint32_t*>(stage + kTilesPerCta * 512)[i * 8 + g];
+    int d0[4], d1[4], d2[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t wg = j < 2 ? rg.x : rg.y, wg8 = j < 2 ? rg8.x : rg8.y;
+      const int q = 2 * (j & 1);  // registers q (h = 0) and q + 1 (h = 1) of the word
+      const uint32_t a0 = (wg >> (2 * q)) & 0x03030303u, a1 = (wg8 >> (2 * q)) & 0x03030303u;
+      const uint32_t a2 = (wg >> (2 * q + 2)) & 0x03030303u, a3 = (wg8 >> (2 * q + 2)) & 0x03030303u;
+      const uint32_t* p0 = reinterpret_cast<const uint32_t*>(&bq[0][0]);
+      const uint32_t* p1 = reinterpret_cast<const uint32_t*>(&bq[1][0]);
+      const uint32_t* p2 = reinterpret_cast<const uint32_t*>(&bq[2][0]);
+      if (j == 0) {
+        mma_u8s8(d0, a0, a1, a2, a3, p0[0], p0[1], c0);
+        mma_u8s8(d1, a0, a1, a2, a3, p1[0], p1[1], c1);
+        mma_u8s8(d2, a0, a1, a2, a3, p2[0], p2[1], c2);
+      } else {
+        mma_u8s8(d0, a0, a1, a2, a3, p0[2 * j], p0[2 * j + 1], d0);
+        mma_u8s8(d1, a0, a1, a2, a3, p1[2 * j], p1[2 * j + 1], d1);
+        mma_u8s8(d2, a0, a1, a2, a3, p2[2 * j], p2[2 * j + 1], d2);
+      }
+    }
+    const float dg = fp16_to_f32(static_cast<uint16_t>(sc & 0xffffu));
+    const float dg8 = fp16_to_f32(static_cast<uint16_t>(sc >> 16));
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int v = (d0[jj] * 256 + d1[jj]) * 256 + d2[jj];  // exact: |v| < 2^31
+      acc[i][jj] = __fmaf_rn(__fmul_rn(jj < 2 ? dg : dg8, sx[jj & 1]), static_cast<float>(v), acc[i][jj]);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kWarpsPerCta * 32) mm_ternary_kernel(const TernaryArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int tiles = static_cast<int>(a.Np / 16);
+  const int tile0 = blockIdx.x * kTilesPerCta;
+  const int nt = min(kTilesPerCta, tiles - tile0);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kCols;
+  const int mc = a.M - m0 < kCols ? static_cast<int>(a.M - m0) : kCols;
+  const int z = blockIdx.z;
+  const int b_lo = static_cast<int>(static_cast<int64_t>(a.nblk) * z / a.ks);
+  const int b_hi = static_cast<int>(static_cast<int64_t>(a.nblk) * (z + 1) / a.ks);
+  const int sb = stage_bytes(mc);
+  uint8_t* ring = smem + warp * kStages * sb;
+
+  float acc[kTilesPerCta][4];
+#pragma unroll
+  for (int i = 0; i < kTilesPerCta; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+  // This warp's blocks: b_lo + warp + kWarpsPerCta * j, j < nj.
+  const int first = b_lo + warp;
+  const int nj = first < b_hi ? (b_hi - first + kWarpsPerCta - 1) / kWarpsPerCta : 0;
+#pragma unroll
+  for (int q = 0; q < kStages - 1; ++q) {
+    if (q < nj) issue_block(a, first + q * kWarpsPerCta, tile0, nt, m0, mc, lane, ring + q * sb);
+    cp_async_commit();
+  }
+  for (int j = 0; j < nj; ++j) {
+    cp_async_wait<kStages - 2>();
+    __syncwarp();
+    block_compute(ring + (j % kStages) * sb, nt, mc, g, t, acc);
+    __syncwarp();  // every lane is done with the stage that the next issue overwrites
+    const int jn = j + kStages - 1;
+    if (jn < nj) issue_block(a, first + jn * kWarpsPerCta, tile0, nt, m0, mc, lane, ring + (jn % kStages) * sb);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+
+  // The CTA's 4 warp sums, added in warp order by warp 0.
+  __shared__ float red[kWarpsPerCta][kTilesPerCta][4][32];
+#pragma unroll
+  for (int i = 0; i < kTilesPerCta; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) red[warp][i][j][lane] = acc[i][j];
+  __syncthreads();
+  if (warp != 0) return;
+  float r[kTilesPerCta][4];
+#pragma unroll
+  for (int i = 0; i < kTilesPerCta; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float s = red[0][i][j][lane];
+#pragma unroll
+      for (int w = 1; w < kWarpsPerCta; ++w) s += red[w][i][j][lane];
+      r[i][j] = s;
+    }
+
+  if (a.ks > 1) {
+    // k split over CTAs: publish this CTA's sums; the last CTA of the (x, y) tile adds the ks parts
+    // in split order and stores y.
+    const int64_t slab = static_cast<int64_t>(kCols) * a.Np;
+    float* part = a.partial + (static_cast<int64_t>(z) * gridDim.y + blockIdx.y) * slab;
+#pragma unroll
+    for (int i = 0; i < kTilesPerCta; ++i)
+      if (i < nt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          part[(2 * t + (j & 1)) * a.Np + (tile0 + i) * 16 + g + (j >= 2 ? 8 : 0)] = r[i][j];
+    __threadfence();
+    __syncwarp();
+    unsigned* sem = a.sem + static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+    unsigned prev = 0;
+    if (lane == 0) prev = atomicAdd(sem, 1u);
+    prev = __shfl_sync(0xffffffffu, prev, 0);
+    if (prev != static_cast<unsigned>(a.ks - 1)) return;
+    __threadfence();
+    const float* base = a.partial + static_cast<int64_t>(blockIdx.y) * slab;
+    const int64_t zstride = static_cast<int64_t>(gridDim.y) * slab;
+#pragma unroll
+    for (int i = 0; i < kTilesPerCta; ++i)
+      if (i < nt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int64_t off = (2 * t + (j & 1)) * a.Np + (tile0 + i) * 16 + g + (j >= 2 ? 8 : 0);
+          float s = __ldcg(base + off);
+          for (int zz = 1; zz < a.ks; ++zz) s += __ldcg(base + zz * zstride + off);
+          r[i][j] = s;
+        }
+    if (lane == 0) *sem = 0;  // ready for the next launch
+  }
+
+#pragma unroll
+  for (int i = 0; i < kTilesPerCta; ++i)
+    if (i < nt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t row = static_cast<int64_t>(tile0 + i) * 16 + g + (j >= 2 ? 8 : 0);
+        const int col = 2 * t + (j & 1);
+        if (row < a.N && col < mc) a.y[(m0 + col) * a.N + row] = r[i][j];
+      }
+}
+
+// ---- get_rows: one thread per element --------------------------------------------------------------
+
+__global__ void get_rows_ternary_kernel(const uint32_t* __restrict__ codes, const uint32_t* __restrict__ scales,
+                                        int64_t K, int64_t N, int nblk, const int32_t* __restrict__ ids,
+                                        float* __restrict__ y) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t m = blockIdx.y;
+  if (e >= K) return;
+  const int32_t id = ids[m];
+  if (id < 0 || id >= N) {
+    y[m * K + e] = __int_as_float(0x7fc00000);
+    return;
+  }
+  const int64_t tile = id >> 4;
+  const int r = id & 15;
+  const int b = static_cast<int>(e >> 7);
+  int word, bit;
+  code_position(static_cast<int>(e & 127), word, bit);
+  const int64_t tb = tile * nblk + b;
+  const int c = static_cast<int>((codes[tb * 128 + r * 8 + word] >> bit) & 3u);
+  const uint32_t dd = scales[tb * 8 + (r & 7)];
+  const float d = fp16_to_f32(static_cast<uint16_t>(r < 8 ? dd & 0xffffu : dd >> 16));
+  y[m * K + e] = __fmul_rn(static_cast<float>(c - 1), d);
+}
+
+}  // namespace
+
+int ternary_splits(int64_t out, int64_t in, int num_sms) {
+  const int64_t ctas = (padded_rows(out) / 16 + kTilesPerCta - 1) / kTilesPerCta;
+  const int64_t nblk = in / 128;
+  const int64_t want = (2 * static_cast<int64_t>(std::max(num_sms, 1)) + ctas - 1) / ctas;  // ~2 CTAs per SM
+  const int64_t most = std::max<int64_t>(1, nblk / (2 * kWarpsPerCta));  // >= 2 blocks per warp
+  return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 16)));
+}
+
+constexpr int64_t kMaxRowsPerLaunch = 65535;  // grid.y of the activation quantizer
+
+TernaryScratch ternary_scratch(const DevWeight& w, int64_t M, int num_sms) {
+  TernaryScratch need;
+  const int64_t rows = std::min(M, kMaxRowsPerLaunch);
+  need.xq_bytes = static_cast<size_t>(rows) * (w.in / 128) * (kXqBytes + kXqMeta);
+  const int ks = ternary_splits(w.out, w.in, num_sms);
+  if (ks <= 1) return need;
+  const int64_t gy = (rows + kCols - 1) / kCols;
+  const int64_t gx = (padded_rows(w.out) / 16 + kTilesPerCta - 1) / kTilesPerCta;
+  need.sem_bytes = static_cast<size_t>(gx * gy) * sizeof(unsigned);
+  need.partial_bytes = static_cast<size_t>(ks) * gy * kCols * padded_rows(w.out) * sizeof(float);
+  return need;
+}
+
+void launch_matmul_ternary(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf,
+                           int num_sms, cudaStream_t s) {
+  TernaryArgs a{};
+  a.codes = reinterpret_cast<const uint32_t*>(w.data);
+  a.scales = reinterpret_cast<const uint32_t*>(w.scales);
+  a.N = w.out;
+  a.Np = padded_rows(w.out);
+  a.nblk = static_cast<int>(w.in / 128);
+  a.ks = ternary_splits(w.out, w.in, num_sms);
+  a.partial = buf.partial;
+  a.sem = buf.sems;
+  const int64_t gx = (a.Np / 16 + kTilesPerCta - 1) / kTilesPerCta;
+  static bool attr_set = false;
+  if (!attr_set) {  // the M = 8 ring (4 warps x 4 stages x 5.3 KB) is above the 48 KB default
+    cudaFuncSetAttribute(mm_ternary_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         kWarpsPerCta * kStages * stage_bytes(kCols));
+    attr_set = true;
+  }
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxRowsPerLaunch) {
+    a.M = std::min(kMaxRowsPerLaunch, M - m0);
+    a.y = y + m0 * w.out;
+    auto* xq = static_cast<uint8_t*>(buf.xq);
+    auto* meta = reinterpret_cast<int32_t*>(xq + static_cast<size_t>(a.M) * a.nblk * kXqBytes);
+    quantize_x24_kernel<<<dim3(static_cast<unsigned>(a.nblk), static_cast<unsigned>(a.M)), 128, 0, s>>>(
+        x + m0 * w.in, w.in, a.nblk, xq, meta);
+    a.xq = xq;
+    a.meta = meta;
+    const int64_t gy = (a.M + kCols - 1) / kCols;
+    const int mc = static_cast<int>(std::min<int64_t>(a.M, kCols));  // rows staged: the largest tile's
+    const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(a.ks));
+    mm_ternary_kernel<<<grid, kWarpsPerCta * 32, kWarpsPerCta * kStages * stage_bytes(mc), s>>>(a);
+  }
+}
+
+void launch_get_rows_ternary(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s) {
+  get_rows_ternary_kernel<<<dim3(ceil_div_u(w.in, 256), static_cast<unsigned>(M)), 256, 0, s>>>(
+      reinterpret_cast<const uint32_t*>(w.data), reinterpret_cast<const uint32_t*>(w.scales), w.in, w.out,
+      static_cast<int>(w.in / 128), ids, y);
+}
+
+size_t ternary_code_bytes(int64_t in, int64_t out) { return static_cast<size_t>(padded_rows(out)) * (in / 4); }
+size_t ternary_scale_bytes(int64_t in, int64_t out) { return static_cast<size_t>(padded_rows(out)) * (in / 128) * 2; }
+
+void launch_to_ternary_mma(const uint8_t* src, bool ptq1, uint8_t* codes, uint8_t* scales, int64_t in, int64_t out,
+                           cudaStream_t s) {
+  const int nblk = static_cast<int>(in / 128);
+  const int64_t words = padded_rows(out) * nblk * 8;
+  if (words <= 0) return;
+  auto* c = reinterpret_cast<uint32_t*>(codes);
+  auto* sc = reinterpret_cast<uint32_t*>(scales);
+  if (ptq1)
+    to_ternary_mma_kernel<true><<<ceil_div_u(words, 256), 256, 0, s>>>(src, c, sc, out, nblk, words);
+  else
+    to_ternary_mma_kernel<false><<<ceil_div_u(words, 256), 256, 0, s>>>(src, c, sc, out, nblk, words);
+}
+
+}  // namespace dflash::cuda
