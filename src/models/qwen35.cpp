@@ -444,18 +444,22 @@ void Qwen35Model::gdn_block(int il, const float* n, float* y, int64_t M, bool un
     be_.copy(s.conv_inputs, big0_, sizeof(float) * M * C);
   }
   be_.gdn_conv(big0_, s.conv_state, w.conv1d, big1_, M, C, K);  // silu(conv) [M, C]
-  // split q | k | v
-  be_.copy_rows(q_, Hk * dk, big1_, C, M, Hk * dk);
-  be_.copy_rows(k_, Hk * dk, big1_ + Hk * dk, C, M, Hk * dk);
-  be_.copy_rows(v_, Hv * dv, big1_ + 2 * Hk * dk, C, M, Hv * dv);
-  be_.l2_norm(q_, q_, M * Hk, dk, 1e-6f, 1.0f / std::sqrt((float)dk));
-  be_.l2_norm(k_, k_, M * Hk, dk, 1e-6f, 1.0f);
+  // split q | k | v: one row is already three contiguous pieces (a decode step skips the copies)
+  float *q = big1_, *k = big1_ + Hk * dk, *v = big1_ + 2 * Hk * dk;
+  if (M > 1) {
+    be_.copy_rows(q_, Hk * dk, big1_, C, M, Hk * dk);
+    be_.copy_rows(k_, Hk * dk, big1_ + Hk * dk, C, M, Hk * dk);
+    be_.copy_rows(v_, Hv * dv, big1_ + 2 * Hk * dk, C, M, Hv * dv);
+    q = q_, k = k_, v = v_;
+  }
+  be_.l2_norm(q, q, M * Hk, dk, 1e-6f, 1.0f / std::sqrt((float)dk));
+  be_.l2_norm(k, k, M * Hk, dk, 1e-6f, 1.0f);
   be_.gdn_gates(a_, b_, w.dt_bias, w.ssm_a, M, Hv);  // a_ -> g (log-decay), b_ -> beta
   GdnShape shape{Hk, Hv, dk, dv};
   if (!undoable && M >= kChunkedThreshold)
-    be_.gdn_chunked(q_, k_, v_, a_, b_, s.ssm_state, attn_, M, shape);
+    be_.gdn_chunked(q, k, v, a_, b_, s.ssm_state, attn_, M, shape);
   else
-    be_.gdn_recurrent(q_, k_, v_, a_, b_, s.ssm_state, attn_, undoable ? s.ssm_snapshots : nullptr, M, shape);
+    be_.gdn_recurrent(q, k, v, a_, b_, s.ssm_state, attn_, undoable ? s.ssm_snapshots : nullptr, M, shape);
   be_.rms_norm_gated(attn_, w.ssm_norm, gate_, attn_, M * Hv, dv, cfg_.rms_eps);
   const float* oin = rotated(attn_, M, cfg_.ssm_inner, w.rot_attn_out, rot_, ssm_out_perm_);
   mm(w.w_ssm_out, oin, y, M);

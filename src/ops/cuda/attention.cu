@@ -20,6 +20,7 @@ constexpr int kAttnWarps = 4;
 // pos * inv_freq in fp32, cos/sin in double of that angle, rounded; the rotation without fma.
 __global__ void rope_kernel(float* x, const int32_t* __restrict__ pos, int64_t M, int64_t heads, int64_t head_dim,
                             int64_t n_rot, double theta) {
+  pdl_wait();
   const int64_t half = n_rot / 2;
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;  // over heads * half
   const int64_t m = blockIdx.y;
@@ -42,6 +43,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 attention_split_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                        const int32_t* __restrict__ kv_range, float* __restrict__ part, int64_t n_heads,
                        int64_t n_kv_heads, int D, float scale, bool vec4) {
+  pdl_wait();
   extern __shared__ float sm[];  // q [D] | per warp: max, sum, acc[D]
   const int h = blockIdx.x, sp = blockIdx.z;
   const int64_t m = blockIdx.y;
@@ -136,6 +138,7 @@ attention_split_kernel(const float* __restrict__ q, const float* __restrict__ k,
 }
 
 __global__ void attention_merge_kernel(const float* __restrict__ part, float* __restrict__ out, int64_t n_heads, int D) {
+  pdl_wait();
   const int h = blockIdx.x;
   const int64_t m = blockIdx.y;
   const int wstride = D + 2;
@@ -169,7 +172,7 @@ void launch_rope_neox(float* x, const int32_t* pos, int64_t M, int64_t heads, in
                       float theta, cudaStream_t s) {
   const int64_t n = heads * (n_rot / 2);
   if (M <= 0 || n <= 0) return;
-  rope_kernel<<<dim3(ceil_div_u(n, 128), static_cast<unsigned>(M)), 128, 0, s>>>(x, pos, M, heads, head_dim, n_rot,
+  launch_pdl(rope_kernel, dim3(ceil_div_u(n, 128), static_cast<unsigned>(M)), 128, 0, s, x, pos, M, heads, head_dim, n_rot,
                                                                                 static_cast<double>(theta));
 }
 
@@ -187,16 +190,16 @@ void launch_attention(const float* q, const float* k, const float* v, const int3
   const int threads = kAttnWarps * 32;
   const bool vec4 = D % 4 == 0 && reinterpret_cast<uintptr_t>(k) % 16 == 0;
   if (D <= 32)
-    attention_split_kernel<1><<<grid, threads, smem, s>>>(q, k, v, kv_range, scratch, n_heads, n_kv_heads, D, scale, vec4);
+    launch_pdl(attention_split_kernel<1>, grid, threads, smem, s, q, k, v, kv_range, scratch, n_heads, n_kv_heads, D, scale, vec4);
   else if (D <= 64)
-    attention_split_kernel<2><<<grid, threads, smem, s>>>(q, k, v, kv_range, scratch, n_heads, n_kv_heads, D, scale, vec4);
+    launch_pdl(attention_split_kernel<2>, grid, threads, smem, s, q, k, v, kv_range, scratch, n_heads, n_kv_heads, D, scale, vec4);
   else if (D <= 128)
-    attention_split_kernel<4><<<grid, threads, smem, s>>>(q, k, v, kv_range, scratch, n_heads, n_kv_heads, D, scale, vec4);
+    launch_pdl(attention_split_kernel<4>, grid, threads, smem, s, q, k, v, kv_range, scratch, n_heads, n_kv_heads, D, scale, vec4);
   else if (D <= 256)
-    attention_split_kernel<8><<<grid, threads, smem, s>>>(q, k, v, kv_range, scratch, n_heads, n_kv_heads, D, scale, vec4);
+    launch_pdl(attention_split_kernel<8>, grid, threads, smem, s, q, k, v, kv_range, scratch, n_heads, n_kv_heads, D, scale, vec4);
   else
-    attention_split_kernel<16><<<grid, threads, smem, s>>>(q, k, v, kv_range, scratch, n_heads, n_kv_heads, D, scale, vec4);
-  attention_merge_kernel<<<dim3(static_cast<unsigned>(n_heads), static_cast<unsigned>(M)), 128, 0, s>>>(scratch, out,
+    launch_pdl(attention_split_kernel<16>, grid, threads, smem, s, q, k, v, kv_range, scratch, n_heads, n_kv_heads, D, scale, vec4);
+  launch_pdl(attention_merge_kernel, dim3(static_cast<unsigned>(n_heads), static_cast<unsigned>(M)), 128, 0, s, scratch, out,
                                                                                                      n_heads, D);
 }
 

@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace dflash::cuda {
 
@@ -50,5 +51,32 @@ __device__ __forceinline__ float block_sum(float v, float* sh) {
 }
 
 inline unsigned ceil_div_u(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+// Programmatic dependent launch (SPEC 8): kernels are launched so that the next one may start while
+// the previous one drains (its launch and ramp-up overlap the tail), and every kernel begins with
+// pdl_wait(), which returns once the previous grid has completed and its writes are visible. Work
+// that reads nothing the previous kernels wrote (the matmul's weight prefetch) may come before it.
+// Rule: a kernel launched by launch_pdl must call pdl_wait() before it reads or writes data shared
+// with earlier kernels, in every thread (a no-op when launched without the attribute).
+// DFLASH_CUDA_PDL=0 launches without the attribute.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+bool pdl_enabled();  // cuda_backend.cpp (reads DFLASH_CUDA_PDL once)
+
+template <typename... Params, typename... Args>
+inline void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                       Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 }  // namespace dflash::cuda

@@ -28,9 +28,13 @@ namespace {
 // One instantiated step graph, replayed on the backend's stream.
 class CudaStepGraph final : public StepGraph {
  public:
-  CudaStepGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  // cache_valid: the backend's quantized-activation cache flag, cleared at each launch (the graph
+  // writes device memory the cache may describe)
+  CudaStepGraph(cudaGraphExec_t exec, cudaStream_t stream, bool* cache_valid)
+      : exec_(exec), stream_(stream), cache_valid_(cache_valid) {}
   ~CudaStepGraph() override { cudaGraphExecDestroy(exec_); }
   void launch() override {
+    *cache_valid_ = false;
     const cudaError_t err = cudaGraphLaunch(exec_, stream_);
     if (err != cudaSuccess) fail("cuda: graph launch failed: {} ({})", cudaGetErrorString(err), cudaGetErrorName(err));
   }
@@ -38,6 +42,7 @@ class CudaStepGraph final : public StepGraph {
  private:
   cudaGraphExec_t exec_;
   cudaStream_t stream_;
+  bool* cache_valid_;
 };
 
 class CudaBackend final : public Backend {
@@ -197,7 +202,10 @@ class CudaBackend final : public Backend {
   }
   void matmul_prefill(const WeightRef& w, const float* x, float* y, int64_t M) override {
     const cuda::DevWeight dw = dev_weight(w, "matmul_prefill");
-    if (!cuda::launch_matmul_prefill(dw, x, y, M, stream_)) run_matmul(dw, x, y, M);
+    if (cuda::launch_matmul_prefill(dw, x, y, M, stream_))
+      note_write(y, sizeof(float) * M * dw.out);
+    else
+      run_matmul(dw, x, y, M);
     after("matmul_prefill");
   }
   // ids are device memory: an id outside [0, out) cannot be checked here; its row comes out NaN.
@@ -260,18 +268,20 @@ class CudaBackend final : public Backend {
     // Relaxed: the launchers' cudaGetLastError checks are fine during capture.
     DFLASH_CUDA_CALL(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     capturing_ = true;
+    xq_.valid = false;  // the capture must hold its own quantization
     return true;
   }
   std::unique_ptr<StepGraph> end_capture() override {
     DFLASH_CHECK(capturing_, "cuda: end_capture without begin_capture");
     capturing_ = false;
+    xq_.valid = false;
     cudaGraph_t graph = nullptr;
     DFLASH_CUDA_CALL(cudaStreamEndCapture(stream_, &graph));
     cudaGraphExec_t exec = nullptr;
     const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     DFLASH_CHECK(err == cudaSuccess, "cuda: instantiating a step graph failed: {}", cudaGetErrorString(err));
-    return std::make_unique<CudaStepGraph>(exec, stream_);
+    return std::make_unique<CudaStepGraph>(exec, stream_, &xq_.valid);
   }
 
   // ---- prism Hadamard ---------------------------------------------------------------------------
@@ -284,7 +294,9 @@ class CudaBackend final : public Backend {
                  block);
     if (rows <= 0) return;
     const float* src = x;
-    if (perm) {  // the gather reads the whole row: work from a copy so y may alias x
+    const auto xb = reinterpret_cast<uintptr_t>(x), yb = reinterpret_cast<uintptr_t>(y);
+    const size_t bytes = sizeof(float) * rows * n;
+    if (perm && xb < yb + bytes && yb < xb + bytes) {  // the gather reads the whole row: work from a copy
       float* tmp = static_cast<float*>(scratch(kScratchHadamard, sizeof(float) * rows * n));
       DFLASH_CUDA_CALL(cudaMemcpyAsync(tmp, x, sizeof(float) * rows * n, cudaMemcpyDeviceToDevice, stream_));
       src = tmp;
@@ -456,13 +468,33 @@ class CudaBackend final : public Backend {
     return b.ptr;
   }
 
+  // Quantized-activation cache: consecutive ternary matmuls of the same input (qkv, gate, alpha, beta;
+  // ffn gate, up; attention q, k, v) quantize it once. Any op that may write device memory drops it
+  // (after(), captures, graph launches); a matmul drops it when its output overlaps the input.
+  struct XqKey {
+    const float* x = nullptr;
+    int64_t M = 0, K = 0;
+    const void* buf = nullptr;
+    bool valid = false;
+  };
+
   void run_matmul(const cuda::DevWeight& dw, const float* x, float* y, int64_t M) {
     const cuda::TernaryScratch need = cuda::matmul_scratch(dw, M, num_sms_);
     cuda::TernaryBuffers buf;
-    if (need.xq_bytes) buf.xq = scratch(kScratchMatmulXq, need.xq_bytes);
+    if (need.xq_bytes) {
+      buf.xq = scratch(kScratchMatmulXq, need.xq_bytes);
+      buf.xq_ready = xq_.valid && xq_.x == x && xq_.M == M && xq_.K == dw.in && xq_.buf == buf.xq && M <= 65535;
+    }
     if (need.partial_bytes) buf.partial = static_cast<float*>(scratch(kScratchMatmulPartial, need.partial_bytes));
     if (need.sem_bytes) buf.sems = static_cast<unsigned*>(scratch(kScratchMatmulSems, need.sem_bytes));
     cuda::launch_matmul(dw, x, y, M, buf, num_sms_, stream_);
+    if (need.xq_bytes) xq_ = XqKey{x, M, dw.in, buf.xq, true};
+    note_write(y, sizeof(float) * M * dw.out);
+  }
+  // Drops the quantized-activation cache when [p, p + bytes) overlaps the cached input.
+  void note_write(const void* p, size_t bytes) {
+    const auto xb = reinterpret_cast<uintptr_t>(xq_.x), pb = reinterpret_cast<uintptr_t>(p);
+    if (xq_.valid && pb < xb + sizeof(float) * xq_.M * xq_.K && xb < pb + bytes) xq_.valid = false;
   }
 
   cuda::DevWeight dev_weight(const WeightRef& w, const char* op) const {
@@ -509,6 +541,7 @@ class CudaBackend final : public Backend {
 
   // Launch check after every op; with DFLASH_CUDA_DEBUG also waits so a fault names its op.
   void after(const char* op) {
+    if (std::string_view(op) != "matmul" && std::string_view(op) != "matmul_prefill") xq_.valid = false;
     cudaError_t err = cudaGetLastError();
     if (err == cudaSuccess && debug_) err = cudaStreamSynchronize(stream_);
     if (err != cudaSuccess) fail("cuda {}: {} ({})", op, cudaGetErrorString(err), cudaGetErrorName(err));
@@ -524,6 +557,7 @@ class CudaBackend final : public Backend {
   std::vector<void*> weight_allocs_;
   ScratchBuf scratch_[kNumScratch];
   std::vector<void*> retired_;  // outgrown scratch buffers (graphs may still read them)
+  XqKey xq_;
   bool graphs_ = true;
   bool ternary_mma_ = true;
   bool capturing_ = false;
@@ -558,6 +592,14 @@ std::string cuda_device_description(int device) {
 std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
 
 namespace cuda {
+
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("DFLASH_CUDA_PDL");
+    return v == nullptr || *v == '\0' || std::string_view(v) != "0";
+  }();
+  return on;
+}
 
 size_t weight_device_bytes(Backend& be, const WeightRef& w) { return as_cuda(be).weight_bytes(w); }
 std::string weight_layout(Backend& be, const WeightRef& w) { return as_cuda(be).layout_name(w); }

@@ -19,6 +19,7 @@ __global__ void __launch_bounds__(kGroups * 32)
 gdn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                      const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ state,
                      float* __restrict__ out, float* __restrict__ snapshots, int64_t M, int Hk, int Hv, int dk, int dv) {
+  pdl_wait();
   __shared__ float ks[kGroups * kRPT], qs[kGroups * kRPT];
   __shared__ float red[2][kGroups][32];
   const int p = blockIdx.x;
@@ -103,15 +104,15 @@ void launch_gdn_recurrent(const float* q, const float* k, const float* v, const 
   const int Hk = static_cast<int>(n_k_heads), Hv = static_cast<int>(n_v_heads);
   const int dk = static_cast<int>(head_k), dv = static_cast<int>(head_v);
   if (head_k <= 4 * 4)
-    gdn_recurrent_kernel<4><<<grid, 128, 0, s>>>(q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
+    launch_pdl(gdn_recurrent_kernel<4>, grid, 128, 0, s, q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
   else if (head_k <= 4 * 8)
-    gdn_recurrent_kernel<8><<<grid, 128, 0, s>>>(q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
+    launch_pdl(gdn_recurrent_kernel<8>, grid, 128, 0, s, q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
   else if (head_k <= 4 * 16)
-    gdn_recurrent_kernel<16><<<grid, 128, 0, s>>>(q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
+    launch_pdl(gdn_recurrent_kernel<16>, grid, 128, 0, s, q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
   else if (head_k <= 4 * 32)
-    gdn_recurrent_kernel<32><<<grid, 128, 0, s>>>(q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
+    launch_pdl(gdn_recurrent_kernel<32>, grid, 128, 0, s, q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
   else
-    gdn_recurrent_kernel<64><<<grid, 128, 0, s>>>(q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
+    launch_pdl(gdn_recurrent_kernel<64>, grid, 128, 0, s, q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
 }
 
 }  // namespace dflash::cuda

@@ -171,6 +171,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 gdn_chunk_prep(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ Wg,
                float* __restrict__ Ug, float* __restrict__ QKg, int64_t M, int Hk, int Hv, int dk, int dv, int nc) {
+  pdl_wait();
   constexpr int LK = P + 4, LV = P + 8;
   extern __shared__ __align__(16) float sm[];
   float* Ks = sm;              // [64][LK]  k rows, later scaled by beta Gam
@@ -293,6 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 gdn_chunk_state(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ g,
                 const float* __restrict__ Wg, const float* __restrict__ Ug, const float* __restrict__ QKg,
                 float* __restrict__ state, float* __restrict__ out, int64_t M, int Hk, int Hv, int dk, int dv, int nc) {
+  pdl_wait();
   constexpr int LW = P + 4, LKT = P + 8, LU = CS + 8;
   constexpr int NTO = CS / 16;                   // U / O: 4 strips x CS/8 n-tiles over 8 warps
   constexpr int NTS = (P / 16) * (CS / 8) / 8;   // S: P/16 strips x CS/8 n-tiles over 8 warps
@@ -410,8 +412,8 @@ void launch_p(const float* q, const float* k, const float* v, const float* g, co
   float* Wg = scratch;
   float* Ug = Wg + static_cast<int64_t>(Hv) * nc * kC * P;
   float* QKg = Ug + static_cast<int64_t>(Hv) * nc * kC * P;
-  gdn_chunk_prep<P><<<dim3(nc, Hv), kThreads, prep_bytes, s>>>(q, k, v, g, beta, Wg, Ug, QKg, M, Hk, Hv, dk, dv, nc);
-  gdn_chunk_state<P, CS><<<dim3(Hv, P / CS), kThreads, state_bytes, s>>>(q, k, g, Wg, Ug, QKg, state, out, M, Hk, Hv,
+  launch_pdl(gdn_chunk_prep<P>, dim3(nc, Hv), kThreads, prep_bytes, s, q, k, v, g, beta, Wg, Ug, QKg, M, Hk, Hv, dk, dv, nc);
+  launch_pdl(gdn_chunk_state<P, CS>, dim3(Hv, P / CS), kThreads, state_bytes, s, q, k, g, Wg, Ug, QKg, state, out, M, Hk, Hv,
                                                                          dk, dv, nc);
 }
 

@@ -6,8 +6,20 @@
 // anonymous namespace).
 //
 // Orientation: the weight is the mma's A operand (16 weight rows per mma, exactly the layout's tiles:
-// lane (g, t) finds its A codes of rows g and g + 8 in words 2t + h of the row block, no shuffling),
-// the activations are B (8 activation rows per mma, k-contiguous rows = the "col" B fragment).
+// lane (g, t) finds its A codes of rows g and g + 8 in words 2t + (step / 4) of the row block), the
+// activations are B (8 activation rows per mma, k-contiguous rows = the "col" B fragment).
+//
+// The layout is cut for mma.m16n8k32 (integer): in k16 step s (0..7) of a block of 128, lane-quad
+// position t holds the 4 codes of k = 16 s + 4t .. 4t + 3 (register q = s % 4 of word 2t + s / 4,
+// bytes e = 0..3; matmul_ternary.cu). The bf16 m16n8k16 wants k 2t, 2t + 1 (a0, a1) and 2t + 8, 2t + 9
+// (a2, a3) from lane t instead. The mma sums over k, so any permutation of k applied to both operands
+// gives the same product: within each 16-wide k group, actual k 4t + e plays the mma's k 2t + e / 2
+// (e = 0, 2) or 8 + 2t + (e - 1) / 2 (e = 1, 3). Bytes 0 and 2 of a word are 16 bits apart, like the
+// two halves of a bf16x2, so the codes of register q of bytes 0, 2 (bits 2q, 16 + 2q) become a0 / a1
+// with one shift and mask, and those of bytes 1, 3 (bits 2q + 8, 24 + 2q) a2 / a3: no byte shuffling,
+// the same 4 instructions per A register as an f16-pair layout. The activation tile is staged in the
+// permuted order instead: inputs 0, 2 of a float4 go to one 4-byte piece of the bf16 row, 1, 3 to
+// another (8 bf16 further on); the ldmatrix fragments then match.
 //
 // Arithmetic (why ~5.5e-6 NMSE from the fp32 reference, not bit-exact; measured 5.4e-6 .. 5.9e-6):
 //   - activations rounded fp32 -> bf16 (nearest even, 8 significant bits): relative error <= 2^-8;
@@ -69,7 +81,8 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 __device__ __forceinline__ __nv_bfloat162 as_bf162(uint32_t u) { return *reinterpret_cast<__nv_bfloat162*>(&u); }
 __device__ __forceinline__ uint32_t as_u32(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
 
-// Code pair P of a layout word (codes at bits 2P and 16 + 2P) -> bf16x2 ((c0 - 1) d, (c1 - 1) d).
+// Code pair P (0..7) of a layout word, the codes at bits 2P and 16 + 2P -> bf16x2 ((c0 - 1) d, (c1 - 1) d).
+// P = q: register q of bytes 0 and 2; P = q + 4: register q of bytes 1 and 3.
 __device__ __forceinline__ uint32_t wpair(uint32_t w, int P, __nv_bfloat162 d2) {
   const uint32_t v = ((w >> (2 * P)) & 0x00030003u) | 0x43004300u;  // bf16x2 (128 + c0, 128 + c1)
   return as_u32(__hmul2(__hsub2(as_bf162(v), as_bf162(0x43014301u)), d2));
@@ -135,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_ternary_prefill_kernel(const
       const float* src = r < p.M ? xrow0 + 16 * u * K : xrow0;
       ra[u] = __ldg(reinterpret_cast<const float4*>(src + static_cast<int64_t>(kt) * kKT));
     }
-    const int b = kt >> 2, h = (kt >> 1) & 1;  // block; word 2t + h holds steps 4h .. 4h + 3
+    const int b = kt >> 2, h = (kt >> 1) & 1;  // block; word 2t + h holds steps 4h .. 4h + 3 (k 64h ..)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t tb = tile[i] * p.nblk + b;
@@ -145,13 +158,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_ternary_prefill_kernel(const
       rsc[i] = __ldg(p.scales + tb * 8 + g);
     }
   };
+  // float4 c4 holds the k-tile's inputs 4 c4 .. + 3 = k group c4 / 4, local k 4t' + e (t' = c4 % 4):
+  // e = 0, 2 go to the group's mma k 2t', 2t' + 1 (piece 2 (c4 / 4), bytes 4t'..), e = 1, 3 to mma k
+  // 8 + 2t', 9 + 2t' (piece 2 (c4 / 4) + 1). A warp's 32 4-byte stores hit 32 banks (4 rows of 64 B;
+  // rows r, r + 2 differ in the swizzle's piece bit 0).
   auto store_tile = [&](int buf) {
     uint8_t* sA = smem + buf * T::kStageBytes;
+    const int pc = 2 * (c4 >> 2), off = 4 * (c4 & 3);
 #pragma unroll
     for (int u = 0; u < T::kF4; ++u) {
       const int r = (tid >> 3) + 16 * u;
-      const uint2 v = make_uint2(pack_bf16(ra[u].x, ra[u].y), pack_bf16(ra[u].z, ra[u].w));
-      *reinterpret_cast<uint2*>(sA + swz(r, c4 >> 1) + (c4 & 1) * 8) = v;
+      *reinterpret_cast<uint32_t*>(sA + swz(r, pc) + off) = pack_bf16(ra[u].x, ra[u].z);
+      *reinterpret_cast<uint32_t*>(sA + swz(r, pc + 1) + off) = pack_bf16(ra[u].y, ra[u].w);
     }
   };
 
@@ -186,22 +204,24 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_ternary_prefill_kernel(const
     const bool more = kt + 1 < kt1;
     if (more) load_tile(kt + 1);
     const uint32_t xBase = smem_base + buf * T::kStageBytes;
-    // k-tile kt holds steps 2 (kt % 4) and + 1: pairs 4 (kt % 2) .. + 3 of words 2t + (kt / 2) % 2
+    // k-tile kt holds steps s = 2 (kt % 4) + ks (ks = 0, 1) of its block, in word 2t + (kt / 2) % 2:
+    // register q = s % 4 = 2 (kt % 2) + ks
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
       uint32_t a[4][4];
+      const int q = 2 * (kt & 1) + ks;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        // step s = 2 (kt % 4) + ks: pairs p0 = 2 (s % 4) (k 2t, 2t + 1) and p0 + 1 (k 2t + 8, 2t + 9)
-        const int p0 = 4 * (kt & 1) + 2 * ks;
-        a[i][0] = wpair(cw[i][0], p0, dg[i]);
-        a[i][1] = wpair(cw[i][1], p0, dg8[i]);
-        a[i][2] = wpair(cw[i][0], p0 + 1, dg[i]);
-        a[i][3] = wpair(cw[i][1], p0 + 1, dg8[i]);
+        // bytes 0, 2 (k 4t, 4t + 2 = mma k 2t, 2t + 1) -> a0 (row g), a1 (row g + 8); bytes 1, 3 (k 4t + 1,
+        // 4t + 3 = mma k 2t + 8, 2t + 9) -> a2, a3
+        a[i][0] = wpair(cw[i][0], q, dg[i]);
+        a[i][1] = wpair(cw[i][1], q, dg8[i]);
+        a[i][2] = wpair(cw[i][0], q + 4, dg[i]);
+        a[i][3] = wpair(cw[i][1], q + 4, dg8[i]);
       }
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
-        // B matrices: (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
+        // B matrices (mma k, the permuted order): (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
         uint32_t bq[4];
         const int n = wx * 64 + 16 * np + (lane & 7) + ((lane >> 4) & 1) * 8;
         ldmatrix_x4(xBase + swz(n, 2 * ks + ((lane >> 3) & 1)), bq);
@@ -344,9 +364,6 @@ bool launch_ternary(const DevWeight& w, const float* x, float* y, int64_t M, cud
 bool launch_matmul_prefill(const DevWeight& w, const float* x, float* y, int64_t M, cudaStream_t s) {
   if (M < 32 || w.out <= 0 || w.in <= 0) return false;
   if (w.layout != Layout::kTernaryMma) return false;  // planar 2-bit and block formats: the GEMV tiles
-  // The ternary-mma layout changed to integer-mma fragments (matmul_ternary.cu); this kernel still
-  // reads the earlier f16-pair order, so it stays off until it is adapted.
-  return false;
   if (w.in % 128 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(w.data) % 4 != 0 ||
       reinterpret_cast<uintptr_t>(w.scales) % 4 != 0 || w.in / kKT > (int64_t{1} << 30))
     return false;

@@ -11,6 +11,7 @@ namespace {
 
 __global__ void hadamard_kernel(const float* x, const float* __restrict__ signs, const int32_t* __restrict__ perm,
                                 float* y, int64_t n, int block, bool inverse, float scale) {
+  pdl_wait();
   extern __shared__ float a[];
   const int64_t r = blockIdx.y;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * block;
@@ -50,7 +51,7 @@ void launch_hadamard(const float* x, const float* signs, const int32_t* perm, fl
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(block)));
   const int threads = static_cast<int>(block / 2 < 512 ? (block / 2 < 32 ? 32 : block / 2) : 512);
   const dim3 grid(static_cast<unsigned>(n / block), static_cast<unsigned>(rows));
-  hadamard_kernel<<<grid, threads, static_cast<size_t>(block) * sizeof(float), s>>>(
+  launch_pdl(hadamard_kernel, grid, threads, static_cast<size_t>(block) * sizeof(float), s, 
       x, signs, perm, y, n, static_cast<int>(block), inverse, scale);
 }
 

@@ -46,6 +46,7 @@ struct TernaryScratch {
 };
 struct TernaryBuffers {
   void* xq = nullptr;
+  bool xq_ready = false;  // xq already holds these activations (the caller's cache): skip quantizing
   float* partial = nullptr;
   unsigned* sems = nullptr;
 };

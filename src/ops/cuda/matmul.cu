@@ -262,6 +262,7 @@ template <int T, int R>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 mm_blocks_kernel(const uint8_t* __restrict__ W, size_t row_stride, int64_t K, int64_t N, const float* __restrict__ x,
                  float* __restrict__ y, bool xvec) {
+  pdl_wait();
   constexpr int NR = BlocksCfg<R>::NR;
   const int lane = threadIdx.x & 31;
   const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * NR;
@@ -347,6 +348,7 @@ template <int R>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 mm_planar2_kernel(const uint8_t* __restrict__ codes, const uint16_t* __restrict__ scales, int64_t K, int64_t N,
                   const float* __restrict__ x, float* __restrict__ y, bool xvec) {
+  pdl_wait();
   constexpr int NR = Planar2Cfg<R>::NR;
   const int lane = threadIdx.x & 31;
   const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * NR;
@@ -442,6 +444,7 @@ __device__ __forceinline__ float plain_elem(const uint8_t* row, int64_t i) {
 template <int T>
 __global__ void mm_naive_kernel(const uint8_t* __restrict__ W, size_t row_stride, int64_t K, int64_t N,
                                 const float* __restrict__ x, float* __restrict__ y) {
+  pdl_wait();
   const int lane = threadIdx.x & 31;
   const int64_t o = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int64_t m = blockIdx.y;
@@ -459,6 +462,7 @@ __global__ void mm_naive_kernel(const uint8_t* __restrict__ W, size_t row_stride
 template <int T>
 __global__ void get_rows_blocks_kernel(const uint8_t* __restrict__ W, size_t row_stride, int64_t K, int64_t N,
                                        const int32_t* __restrict__ ids, float* __restrict__ y) {
+  pdl_wait();
   const int64_t e0 = 8 * (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
   const int64_t m = blockIdx.y;
   if (e0 >= K) return;
@@ -478,6 +482,7 @@ __global__ void get_rows_blocks_kernel(const uint8_t* __restrict__ W, size_t row
 template <int T>
 __global__ void get_rows_naive_kernel(const uint8_t* __restrict__ W, size_t row_stride, int64_t K, int64_t N,
                                       const int32_t* __restrict__ ids, float* __restrict__ y) {
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t m = blockIdx.y;
   if (i >= K) return;
@@ -487,6 +492,7 @@ __global__ void get_rows_naive_kernel(const uint8_t* __restrict__ W, size_t row_
 
 __global__ void get_rows_planar2_kernel(const uint8_t* __restrict__ codes, const uint16_t* __restrict__ scales,
                                         int64_t K, int64_t N, const int32_t* __restrict__ ids, float* __restrict__ y) {
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t m = blockIdx.y;
   if (i >= K) return;
@@ -507,6 +513,7 @@ __global__ void get_rows_planar2_kernel(const uint8_t* __restrict__ codes, const
 template <bool kPtq1>
 __global__ void to_planar2_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ codes,
                                   uint16_t* __restrict__ scales, int64_t K, int64_t total_bytes) {
+  pdl_wait();
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (g >= total_bytes) return;
   const int64_t rb = K / 4;
@@ -559,7 +566,7 @@ struct BlocksRun {
     static void run(const float* x, float* y, int64_t tiles, const DevWeight& w, bool xvec, cudaStream_t s) {
       constexpr int NR = BlocksCfg<R>::NR;
       const dim3 grid(ceil_div_u(w.out, kWarpsPerBlock * NR), static_cast<unsigned>(tiles));
-      mm_blocks_kernel<T, R><<<grid, kWarpsPerBlock * 32, 0, s>>>(w.data, w.row_stride, w.in, w.out, x, y, xvec);
+      launch_pdl(mm_blocks_kernel<T, R>, grid, kWarpsPerBlock * 32, 0, s, w.data, w.row_stride, w.in, w.out, x, y, xvec);
     }
   };
 };
@@ -569,7 +576,7 @@ struct Planar2Run {
   static void run(const float* x, float* y, int64_t tiles, const DevWeight& w, bool xvec, cudaStream_t s) {
     constexpr int NR = Planar2Cfg<R>::NR;
     const dim3 grid(ceil_div_u(w.out, kWarpsPerBlock * NR), static_cast<unsigned>(tiles));
-    mm_planar2_kernel<R><<<grid, kWarpsPerBlock * 32, 0, s>>>(w.data, w.scales, w.in, w.out, x, y, xvec);
+    launch_pdl(mm_planar2_kernel<R>, grid, kWarpsPerBlock * 32, 0, s, w.data, w.scales, w.in, w.out, x, y, xvec);
   }
 };
 
@@ -581,12 +588,12 @@ void run_blocks(const DevWeight& w, const float* x, float* y, int64_t M, bool xv
 template <int T>
 void run_naive(const DevWeight& w, const float* x, float* y, int64_t M, cudaStream_t s) {
   const dim3 grid(ceil_div_u(w.out, kWarpsPerBlock), static_cast<unsigned>(M));
-  mm_naive_kernel<T><<<grid, kWarpsPerBlock * 32, 0, s>>>(w.data, w.row_stride, w.in, w.out, x, y);
+  launch_pdl(mm_naive_kernel<T>, grid, kWarpsPerBlock * 32, 0, s, w.data, w.row_stride, w.in, w.out, x, y);
 }
 
 template <int T>
 void get_rows_blocks(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s) {
-  get_rows_blocks_kernel<T><<<dim3(ceil_div_u(w.in / 8, 128), static_cast<unsigned>(M)), 128, 0, s>>>(
+  launch_pdl(get_rows_blocks_kernel<T>, dim3(ceil_div_u(w.in / 8, 128), static_cast<unsigned>(M)), 128, 0, s, 
       w.data, w.row_stride, w.in, w.out, ids, y);
 }
 
@@ -661,16 +668,16 @@ void launch_get_rows(const DevWeight& w, const int32_t* ids, float* y, int64_t M
     return;
   }
   if (w.layout == Layout::kPlanar2) {
-    get_rows_planar2_kernel<<<dim3(ceil_div_u(w.in, 256), static_cast<unsigned>(M)), 256, 0, s>>>(
+    launch_pdl(get_rows_planar2_kernel, dim3(ceil_div_u(w.in, 256), static_cast<unsigned>(M)), 256, 0, s, 
         w.data, w.scales, w.in, w.out, ids, y);
     return;
   }
   if (w.in % 8 != 0) {
     const dim3 grid(ceil_div_u(w.in, 256), static_cast<unsigned>(M));
     switch (w.type) {
-      case kF32: get_rows_naive_kernel<kF32><<<grid, 256, 0, s>>>(w.data, w.row_stride, w.in, w.out, ids, y); break;
-      case kF16: get_rows_naive_kernel<kF16><<<grid, 256, 0, s>>>(w.data, w.row_stride, w.in, w.out, ids, y); break;
-      default: get_rows_naive_kernel<kBF16><<<grid, 256, 0, s>>>(w.data, w.row_stride, w.in, w.out, ids, y); break;
+      case kF32: launch_pdl(get_rows_naive_kernel<kF32>, grid, 256, 0, s, w.data, w.row_stride, w.in, w.out, ids, y); break;
+      case kF16: launch_pdl(get_rows_naive_kernel<kF16>, grid, 256, 0, s, w.data, w.row_stride, w.in, w.out, ids, y); break;
+      default: launch_pdl(get_rows_naive_kernel<kBF16>, grid, 256, 0, s, w.data, w.row_stride, w.in, w.out, ids, y); break;
     }
     return;
   }
@@ -696,13 +703,13 @@ void launch_get_rows(const DevWeight& w, const int32_t* ids, float* y, int64_t M
 void launch_ptq1_to_planar2(const uint8_t* src, uint8_t* codes, uint16_t* scales, int64_t in, int64_t out,
                             cudaStream_t s) {
   const int64_t total = in / 4 * out;
-  if (total > 0) to_planar2_kernel<true><<<ceil_div_u(total, 256), 256, 0, s>>>(src, codes, scales, in, total);
+  if (total > 0) launch_pdl(to_planar2_kernel<true>, ceil_div_u(total, 256), 256, 0, s, src, codes, scales, in, total);
 }
 
 void launch_pq2_to_planar2(const uint8_t* src, uint8_t* codes, uint16_t* scales, int64_t in, int64_t out,
                            cudaStream_t s) {
   const int64_t total = in / 4 * out;
-  if (total > 0) to_planar2_kernel<false><<<ceil_div_u(total, 256), 256, 0, s>>>(src, codes, scales, in, total);
+  if (total > 0) launch_pdl(to_planar2_kernel<false>, ceil_div_u(total, 256), 256, 0, s, src, codes, scales, in, total);
 }
 
 }  // namespace dflash::cuda

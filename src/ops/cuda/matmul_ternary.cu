@@ -47,7 +47,6 @@ namespace {
 constexpr int kTilesPerCta = 4;  // 16-row tiles per CTA (64 weight rows)
 constexpr int kWarpsPerCta = 4;  // warps per CTA, splitting the CTA's blocks
 constexpr int kCols = 8;         // activation rows per CTA (the n of the mma)
-constexpr int kStages = 4;       // cp.async ring depth per warp
 constexpr int kXqBytes = 3 * 128;  // one (row, block) of quantized activations: 3 digit planes
 constexpr int kXqMeta = 16;        // and its S0, S1, S2, 2^(E-16)
 
@@ -78,6 +77,7 @@ __device__ __forceinline__ void code_position(int k, int& word, int& bit) {
 template <bool kPtq1>
 __global__ void to_ternary_mma_kernel(const uint8_t* __restrict__ src, uint32_t* __restrict__ codes,
                                       uint32_t* __restrict__ scales, int64_t N, int nblk, int64_t total_words) {
+  pdl_wait();
   const int64_t gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (gid >= total_words) return;
   const int wi = static_cast<int>(gid & 7), r = static_cast<int>((gid >> 3) & 15);
@@ -110,6 +110,7 @@ __global__ void to_ternary_mma_kernel(const uint8_t* __restrict__ src, uint32_t*
 
 __global__ void __launch_bounds__(128) quantize_x24_kernel(const float* __restrict__ x, int64_t K, int nblk,
                                                            uint8_t* __restrict__ xq, int32_t* __restrict__ meta) {
+  pdl_wait();
   __shared__ float smax[4];
   __shared__ int ssum[3][4];
   const int k = threadIdx.x, lane = k & 31, warp = k >> 5;
@@ -183,88 +184,106 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// One warp copies block b (codes and scales of the CTA's tiles, quantized activations of its mc
+// Per-warp source pointers of block b_lo (advanced by kWarpsPerCta blocks per issue).
+struct BlockSrc {
+  const uint32_t* codes[kTilesPerCta];  // this lane's 16-byte piece of each tile's block
+  const uint32_t* scales;               // lanes < 2 nt: one 16-byte piece of the scales
+  const uint8_t* xq;                    // activation record of row m0 (rows nblk records apart)
+  const int32_t* meta;
+};
+
+// One warp copies one block (codes and scales of the CTA's tiles, quantized activations of its mc
 // rows) into a stage: 16-byte pieces, lane-strided.
-__device__ __forceinline__ void issue_block(const TernaryArgs& a, int b, int tile0, int nt, int64_t m0, int mc,
-                                            int lane, uint8_t* stage) {
+__device__ __forceinline__ void issue_weights(const BlockSrc& src, int64_t boff, int lane, uint8_t* stage) {
 #pragma unroll
-  for (int i = 0; i < kTilesPerCta; ++i)
-    if (i < nt)
-      cp_async16(stage + i * 512 + lane * 16, a.codes + ((static_cast<int64_t>(tile0 + i) * a.nblk + b) * 128 + lane * 4));
-  if (lane < 2 * nt)
-    cp_async16(stage + kTilesPerCta * 512 + lane * 16,
-               a.scales + ((static_cast<int64_t>(tile0 + (lane >> 1)) * a.nblk + b) * 8 + (lane & 1) * 4));
+  for (int i = 0; i < kTilesPerCta; ++i)  // tiles past the last one re-read it (pointers clamped)
+    cp_async16(stage + i * 512 + lane * 16, src.codes[i] + boff * 128);
+  if (lane < 2 * kTilesPerCta) cp_async16(stage + kTilesPerCta * 512 + lane * 16, src.scales + boff * 8);
+}
+__device__ __forceinline__ void issue_acts(const BlockSrc& src, int64_t boff, int nblk, int mc, int lane,
+                                           uint8_t* stage) {
   uint8_t* xs = stage + kTilesPerCta * 544;
   for (int p = lane; p < mc * (kXqBytes / 16); p += 32) {  // 24 pieces per row
     const int r = p / (kXqBytes / 16), q = p % (kXqBytes / 16);
-    cp_async16(xs + r * kXqBytes + q * 16, a.xq + ((m0 + r) * a.nblk + b) * kXqBytes + q * 16);
+    cp_async16(xs + r * kXqBytes + q * 16, src.xq + (static_cast<int64_t>(r) * nblk + boff) * kXqBytes + q * 16);
   }
-  if (lane < mc)
-    cp_async16(xs + mc * kXqBytes + lane * 16, a.meta + ((m0 + lane) * a.nblk + b) * 4);
+  if (lane < mc) cp_async16(xs + mc * kXqBytes + lane * 16, src.meta + (static_cast<int64_t>(lane) * nblk + boff) * 4);
+}
+__device__ __forceinline__ void issue_block(const BlockSrc& src, int64_t boff, int nblk, int mc, int lane,
+                                            uint8_t* stage) {
+  issue_weights(src, boff, lane, stage);
+  issue_acts(src, boff, nblk, mc, lane, stage);
 }
 
 // One staged block for the CTA's tiles: acc[i][j] += d * 2^(E-16) * sum (c - 1) u (exact integer).
-__device__ __forceinline__ void block_compute(const uint8_t* stage, int nt, int mc, int g, int t,
+// Straight-line code over all 4 tiles (a short last tile column computes copies of its last tile and
+// stores nothing for them): per k32 step 12 independent mma chains, so the tensor pipe stays busy
+// with only 2 warps per scheduler.
+__device__ __forceinline__ void block_compute(const uint8_t* stage, int mc, int g, int t,
                                               float (&acc)[kTilesPerCta][4]) {
   const uint8_t* xs = stage + kTilesPerCta * 544;
   // B: digit planes of activation row g (zero columns past mc), 8 words per plane for this lane.
-  uint4 bq[3][2];
+  uint32_t bq[3][8];
 #pragma unroll
   for (int i = 0; i < 3; ++i) {
+    uint4 lo = make_uint4(0, 0, 0, 0), hi = make_uint4(0, 0, 0, 0);
     if (g < mc) {
       const uint4* src = reinterpret_cast<const uint4*>(xs + g * kXqBytes + i * 128 + t * 32);
-      bq[i][0] = src[0];
-      bq[i][1] = src[1];
-    } else {
-      bq[i][0] = bq[i][1] = make_uint4(0, 0, 0, 0);
+      lo = src[0];
+      hi = src[1];
     }
+    bq[i][0] = lo.x, bq[i][1] = lo.y, bq[i][2] = lo.z, bq[i][3] = lo.w;
+    bq[i][4] = hi.x, bq[i][5] = hi.y, bq[i][6] = hi.z, bq[i][7] = hi.w;
   }
   // C init -S_i and the scales 2^(E-16) of columns 2t and 2t + 1.
   int4 m_lo = make_int4(0, 0, 0, 0), m_hi = make_int4(0, 0, 0, 0);
   const int4* meta = reinterpret_cast<const int4*>(xs + mc * kXqBytes);
   if (2 * t < mc) m_lo = meta[2 * t];
   if (2 * t + 1 < mc) m_hi = meta[2 * t + 1];
-  const int c0[4] = {-m_lo.x, -m_hi.x, -m_lo.x, -m_hi.x};
-  const int c1[4] = {-m_lo.y, -m_hi.y, -m_lo.y, -m_hi.y};
-  const int c2[4] = {-m_lo.z, -m_hi.z, -m_lo.z, -m_hi.z};
+  const int cinit[3][4] = {{-m_lo.x, -m_hi.x, -m_lo.x, -m_hi.x},
+                           {-m_lo.y, -m_hi.y, -m_lo.y, -m_hi.y},
+                           {-m_lo.z, -m_hi.z, -m_lo.z, -m_hi.z}};
   const float sx[2] = {__int_as_float(m_lo.w), __int_as_float(m_hi.w)};
+  uint2 rg[kTilesPerCta], rg8[kTilesPerCta];
+  uint32_t sc[kTilesPerCta];
 #pragma unroll
   for (int i = 0; i < kTilesPerCta; ++i) {
-    if (i >= nt) continue;
     const uint32_t* cw = reinterpret_cast<const uint32_t*>(stage + i * 512);
-    const uint2 rg = *reinterpret_cast<const uint2*>(cw + g * 8 + 2 * t);
-    const uint2 rg8 = *reinterpret_cast<const uint2*>(cw + (g + 8) * 8 + 2 * t);
-    const uint32_t sc = reinterpret_cast<const uint32_t*>(stage + kTilesPerCta * 512)[i * 8 + g];
-    int d0[4], d1[4], d2[4];
+    rg[i] = *reinterpret_cast<const uint2*>(cw + g * 8 + 2 * t);
+    rg8[i] = *reinterpret_cast<const uint2*>(cw + (g + 8) * 8 + 2 * t);
+    sc[i] = reinterpret_cast<const uint32_t*>(stage + kTilesPerCta * 512)[i * 8 + g];
+  }
+  int d[kTilesPerCta][3][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t wg = j < 2 ? rg.x : rg.y, wg8 = j < 2 ? rg8.x : rg8.y;
-      const int q = 2 * (j & 1);  // registers q (h = 0) and q + 1 (h = 1) of the word
+  for (int j = 0; j < 4; ++j) {
+    const int q = 2 * (j & 1);  // registers q (h = 0) and q + 1 (h = 1) of word j / 2
+#pragma unroll
+    for (int i = 0; i < kTilesPerCta; ++i) {
+      const uint32_t wg = j < 2 ? rg[i].x : rg[i].y, wg8 = j < 2 ? rg8[i].x : rg8[i].y;
       const uint32_t a0 = (wg >> (2 * q)) & 0x03030303u, a1 = (wg8 >> (2 * q)) & 0x03030303u;
       const uint32_t a2 = (wg >> (2 * q + 2)) & 0x03030303u, a3 = (wg8 >> (2 * q + 2)) & 0x03030303u;
-      const uint32_t* p0 = reinterpret_cast<const uint32_t*>(&bq[0][0]);
-      const uint32_t* p1 = reinterpret_cast<const uint32_t*>(&bq[1][0]);
-      const uint32_t* p2 = reinterpret_cast<const uint32_t*>(&bq[2][0]);
-      if (j == 0) {
-        mma_u8s8(d0, a0, a1, a2, a3, p0[0], p0[1], c0);
-        mma_u8s8(d1, a0, a1, a2, a3, p1[0], p1[1], c1);
-        mma_u8s8(d2, a0, a1, a2, a3, p2[0], p2[1], c2);
-      } else {
-        mma_u8s8(d0, a0, a1, a2, a3, p0[2 * j], p0[2 * j + 1], d0);
-        mma_u8s8(d1, a0, a1, a2, a3, p1[2 * j], p1[2 * j + 1], d1);
-        mma_u8s8(d2, a0, a1, a2, a3, p2[2 * j], p2[2 * j + 1], d2);
+#pragma unroll
+      for (int p = 0; p < 3; ++p) {
+        if (j == 0)
+          mma_u8s8(d[i][p], a0, a1, a2, a3, bq[p][0], bq[p][1], cinit[p]);
+        else
+          mma_u8s8(d[i][p], a0, a1, a2, a3, bq[p][2 * j], bq[p][2 * j + 1], d[i][p]);
       }
     }
-    const float dg = fp16_to_f32(static_cast<uint16_t>(sc & 0xffffu));
-    const float dg8 = fp16_to_f32(static_cast<uint16_t>(sc >> 16));
+  }
+#pragma unroll
+  for (int i = 0; i < kTilesPerCta; ++i) {
+    const float dg = fp16_to_f32(static_cast<uint16_t>(sc[i] & 0xffffu));
+    const float dg8 = fp16_to_f32(static_cast<uint16_t>(sc[i] >> 16));
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) {
-      const int v = (d0[jj] * 256 + d1[jj]) * 256 + d2[jj];  // exact: |v| < 2^31
+      const int v = (d[i][0][jj] * 256 + d[i][1][jj]) * 256 + d[i][2][jj];  // exact: |v| < 2^31
       acc[i][jj] = __fmaf_rn(__fmul_rn(jj < 2 ? dg : dg8, sx[jj & 1]), static_cast<float>(v), acc[i][jj]);
     }
   }
 }
 
+template <int kStages>
 __global__ void __launch_bounds__(kWarpsPerCta * 32) mm_ternary_kernel(const TernaryArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -283,21 +302,35 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) mm_ternary_kernel(const Ter
 #pragma unroll
   for (int i = 0; i < kTilesPerCta; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
-  // This warp's blocks: b_lo + warp + kWarpsPerCta * j, j < nj.
+  // This warp's blocks: first + kWarpsPerCta * j, j < nj.
   const int first = b_lo + warp;
   const int nj = first < b_hi ? (b_hi - first + kWarpsPerCta - 1) / kWarpsPerCta : 0;
+  BlockSrc src;
+#pragma unroll
+  for (int i = 0; i < kTilesPerCta; ++i)
+    src.codes[i] = a.codes + ((static_cast<int64_t>(tile0 + min(i, nt - 1)) * a.nblk + first) * 128 + lane * 4);
+  src.scales = a.scales + ((static_cast<int64_t>(tile0 + min(lane >> 1, nt - 1)) * a.nblk + first) * 8 + (lane & 1) * 4);
+  src.xq = a.xq + (m0 * a.nblk + first) * kXqBytes;
+  src.meta = a.meta + (m0 * a.nblk + first) * 4;
+  // The first stages' weights do not depend on earlier kernels: their loads start before pdl_wait(),
+  // while the previous kernel drains (they land in the first commit group).
+#pragma unroll
+  for (int q = 0; q < kStages - 1; ++q)
+    if (q < nj) issue_weights(src, static_cast<int64_t>(q) * kWarpsPerCta, lane, ring + q * sb);
+  pdl_wait();
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q) {
-    if (q < nj) issue_block(a, first + q * kWarpsPerCta, tile0, nt, m0, mc, lane, ring + q * sb);
+    if (q < nj) issue_acts(src, static_cast<int64_t>(q) * kWarpsPerCta, a.nblk, mc, lane, ring + q * sb);
     cp_async_commit();
   }
   for (int j = 0; j < nj; ++j) {
     cp_async_wait<kStages - 2>();
     __syncwarp();
-    block_compute(ring + (j % kStages) * sb, nt, mc, g, t, acc);
+    block_compute(ring + (j % kStages) * sb, mc, g, t, acc);
     __syncwarp();  // every lane is done with the stage that the next issue overwrites
     const int jn = j + kStages - 1;
-    if (jn < nj) issue_block(a, first + jn * kWarpsPerCta, tile0, nt, m0, mc, lane, ring + (jn % kStages) * sb);
+    if (jn < nj)
+      issue_block(src, static_cast<int64_t>(jn) * kWarpsPerCta, a.nblk, mc, lane, ring + (jn % kStages) * sb);
     cp_async_commit();
   }
   cp_async_wait<0>();
@@ -371,6 +404,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) mm_ternary_kernel(const Ter
 __global__ void get_rows_ternary_kernel(const uint32_t* __restrict__ codes, const uint32_t* __restrict__ scales,
                                         int64_t K, int64_t N, int nblk, const int32_t* __restrict__ ids,
                                         float* __restrict__ y) {
+  pdl_wait();
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t m = blockIdx.y;
   if (e >= K) return;
@@ -396,7 +430,9 @@ __global__ void get_rows_ternary_kernel(const uint32_t* __restrict__ codes, cons
 int ternary_splits(int64_t out, int64_t in, int num_sms) {
   const int64_t ctas = (padded_rows(out) / 16 + kTilesPerCta - 1) / kTilesPerCta;
   const int64_t nblk = in / 128;
-  const int64_t want = (2 * static_cast<int64_t>(std::max(num_sms, 1)) + ctas - 1) / ctas;  // ~2 CTAs per SM
+  // As many CTAs as fit in one wave at 4 CTAs (16 warps) per SM: a GEMV needs every warp it can get
+  // for bytes in flight, and a second wave would double the time.
+  const int64_t want = 4 * static_cast<int64_t>(std::max(num_sms, 1)) / ctas;
   const int64_t most = std::max<int64_t>(1, nblk / (2 * kWarpsPerCta));  // >= 2 blocks per warp
   return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 16)));
 }
@@ -429,9 +465,11 @@ void launch_matmul_ternary(const DevWeight& w, const float* x, float* y, int64_t
   a.sem = buf.sems;
   const int64_t gx = (a.Np / 16 + kTilesPerCta - 1) / kTilesPerCta;
   static bool attr_set = false;
-  if (!attr_set) {  // the M = 8 ring (4 warps x 4 stages x 5.3 KB) is above the 48 KB default
-    cudaFuncSetAttribute(mm_ternary_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         kWarpsPerCta * kStages * stage_bytes(kCols));
+  if (!attr_set) {  // rings above the 48 KB default
+    cudaFuncSetAttribute(mm_ternary_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         kWarpsPerCta * 4 * stage_bytes(4));
+    cudaFuncSetAttribute(mm_ternary_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         kWarpsPerCta * 2 * stage_bytes(kCols));
     attr_set = true;
   }
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRowsPerLaunch) {
@@ -439,19 +477,25 @@ void launch_matmul_ternary(const DevWeight& w, const float* x, float* y, int64_t
     a.y = y + m0 * w.out;
     auto* xq = static_cast<uint8_t*>(buf.xq);
     auto* meta = reinterpret_cast<int32_t*>(xq + static_cast<size_t>(a.M) * a.nblk * kXqBytes);
-    quantize_x24_kernel<<<dim3(static_cast<unsigned>(a.nblk), static_cast<unsigned>(a.M)), 128, 0, s>>>(
-        x + m0 * w.in, w.in, a.nblk, xq, meta);
+    if (!buf.xq_ready || m0 > 0)
+      launch_pdl(quantize_x24_kernel, dim3(static_cast<unsigned>(a.nblk), static_cast<unsigned>(a.M)), 128, 0, s, 
+          x + m0 * w.in, w.in, a.nblk, xq, meta);
     a.xq = xq;
     a.meta = meta;
     const int64_t gy = (a.M + kCols - 1) / kCols;
     const int mc = static_cast<int>(std::min<int64_t>(a.M, kCols));  // rows staged: the largest tile's
     const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(a.ks));
-    mm_ternary_kernel<<<grid, kWarpsPerCta * 32, kWarpsPerCta * kStages * stage_bytes(mc), s>>>(a);
+    // Ring depth: 4 stages up to 4 activation rows (decode: 41 KB per CTA), 2 beyond (verify: 43 KB),
+    // so that 4+ CTAs fit per SM either way. Scheduling only: the arithmetic is the same.
+    if (mc <= 4)
+      launch_pdl(mm_ternary_kernel<4>, grid, kWarpsPerCta * 32, kWarpsPerCta * 4 * stage_bytes(mc), s, a);
+    else
+      launch_pdl(mm_ternary_kernel<2>, grid, kWarpsPerCta * 32, kWarpsPerCta * 2 * stage_bytes(mc), s, a);
   }
 }
 
 void launch_get_rows_ternary(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s) {
-  get_rows_ternary_kernel<<<dim3(ceil_div_u(w.in, 256), static_cast<unsigned>(M)), 256, 0, s>>>(
+  launch_pdl(get_rows_ternary_kernel, dim3(ceil_div_u(w.in, 256), static_cast<unsigned>(M)), 256, 0, s, 
       reinterpret_cast<const uint32_t*>(w.data), reinterpret_cast<const uint32_t*>(w.scales), w.in, w.out,
       static_cast<int>(w.in / 128), ids, y);
 }
@@ -467,9 +511,9 @@ void launch_to_ternary_mma(const uint8_t* src, bool ptq1, uint8_t* codes, uint8_
   auto* c = reinterpret_cast<uint32_t*>(codes);
   auto* sc = reinterpret_cast<uint32_t*>(scales);
   if (ptq1)
-    to_ternary_mma_kernel<true><<<ceil_div_u(words, 256), 256, 0, s>>>(src, c, sc, out, nblk, words);
+    launch_pdl(to_ternary_mma_kernel<true>, ceil_div_u(words, 256), 256, 0, s, src, c, sc, out, nblk, words);
   else
-    to_ternary_mma_kernel<false><<<ceil_div_u(words, 256), 256, 0, s>>>(src, c, sc, out, nblk, words);
+    launch_pdl(to_ternary_mma_kernel<false>, ceil_div_u(words, 256), 256, 0, s, src, c, sc, out, nblk, words);
 }
 
 }  // namespace dflash::cuda

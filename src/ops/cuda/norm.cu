@@ -21,6 +21,7 @@ inline int norm_threads(int64_t n) { return n >= 4096 ? 1024 : n >= 1024 ? 256 :
 template <int kMode>
 __global__ void norm_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ z,
                             float* y, int64_t n, float eps, float scale) {
+  pdl_wait();
   __shared__ float sh[32];
   const int64_t r = blockIdx.x;
   const int T = blockDim.x;
@@ -68,19 +69,23 @@ __global__ void norm_kernel(const float* __restrict__ x, const float* __restrict
 }
 
 __global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     y[i] = a[i] + b[i];
 }
 __global__ void swiglu_kernel(const float* g, const float* u, float* y, int64_t n) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     y[i] = silu_f(g[i]) * u[i];
 }
 __global__ void mul_sigmoid_kernel(const float* x, const float* g, float* y, int64_t n) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     y[i] = x[i] * sigmoid_f(g[i]);
 }
 
 __global__ void copy_rows_kernel(float* dst, int64_t ds, const float* src, int64_t ss, int64_t rows, int64_t cols) {
+  pdl_wait();
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
     for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < cols; c += (int64_t)gridDim.x * blockDim.x)
       dst[r * ds + c] = src[r * ss + c];
@@ -88,6 +93,7 @@ __global__ void copy_rows_kernel(float* dst, int64_t ds, const float* src, int64
 
 __global__ void scatter_rows_kernel(float* dst, int64_t ds, int64_t dst_rows, const int32_t* __restrict__ idx,
                                     const float* src, int64_t ss, int64_t rows, int64_t cols) {
+  pdl_wait();
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const int64_t to = idx[r];
     if (to < 0 || to >= dst_rows) continue;
@@ -97,6 +103,7 @@ __global__ void scatter_rows_kernel(float* dst, int64_t ds, int64_t dst_rows, co
 }
 
 __global__ void gdn_gates_kernel(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M, int64_t H) {
+  pdl_wait();
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i >= M * H) return;
   const int64_t h = i % H;
@@ -109,6 +116,7 @@ constexpr int kMaxK = 16;
 template <int kK>
 __global__ void gdn_conv_kernel(const float* x, float* state, const float* __restrict__ w, float* y, int64_t M,
                                 int64_t C, int K_rt) {
+  pdl_wait();
   const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int K = kK > 0 ? kK : K_rt;
@@ -147,6 +155,7 @@ __global__ void gdn_conv_kernel(const float* x, float* state, const float* __res
 __global__ void dflash_conv_kernel(const float* __restrict__ x, const float* __restrict__ base,
                                    const float* __restrict__ d, int64_t d_stride, const float* res, float* y, int64_t M,
                                    int64_t C, int64_t K, int64_t group) {
+  pdl_wait();
   const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   const int64_t t = blockIdx.y;
   if (c >= C || t >= M) return;
@@ -166,57 +175,57 @@ inline unsigned elem_blocks(int64_t n) {
 
 void launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, cudaStream_t s) {
   if (rows <= 0 || n <= 0) return;
-  norm_kernel<0><<<static_cast<unsigned>(rows), norm_threads(n), 0, s>>>(x, w, nullptr, y, n, eps, 1.0f);
+  launch_pdl(norm_kernel<0>, static_cast<unsigned>(rows), norm_threads(n), 0, s, x, w, nullptr, y, n, eps, 1.0f);
 }
 void launch_l2_norm(const float* x, float* y, int64_t rows, int64_t n, float eps, float scale, cudaStream_t s) {
   if (rows <= 0 || n <= 0) return;
-  norm_kernel<1><<<static_cast<unsigned>(rows), norm_threads(n), 0, s>>>(x, nullptr, nullptr, y, n, eps, scale);
+  launch_pdl(norm_kernel<1>, static_cast<unsigned>(rows), norm_threads(n), 0, s, x, nullptr, nullptr, y, n, eps, scale);
 }
 void launch_rms_norm_gated(const float* x, const float* w, const float* z, float* y, int64_t rows, int64_t n,
                            float eps, cudaStream_t s) {
   if (rows <= 0 || n <= 0) return;
-  norm_kernel<2><<<static_cast<unsigned>(rows), norm_threads(n), 0, s>>>(x, w, z, y, n, eps, 1.0f);
+  launch_pdl(norm_kernel<2>, static_cast<unsigned>(rows), norm_threads(n), 0, s, x, w, z, y, n, eps, 1.0f);
 }
 void launch_add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s) {
-  if (n > 0) add_kernel<<<elem_blocks(n), 256, 0, s>>>(a, b, y, n);
+  if (n > 0) launch_pdl(add_kernel, elem_blocks(n), 256, 0, s, a, b, y, n);
 }
 void launch_swiglu(const float* g, const float* u, float* y, int64_t n, cudaStream_t s) {
-  if (n > 0) swiglu_kernel<<<elem_blocks(n), 256, 0, s>>>(g, u, y, n);
+  if (n > 0) launch_pdl(swiglu_kernel, elem_blocks(n), 256, 0, s, g, u, y, n);
 }
 void launch_mul_sigmoid(const float* x, const float* g, float* y, int64_t n, cudaStream_t s) {
-  if (n > 0) mul_sigmoid_kernel<<<elem_blocks(n), 256, 0, s>>>(x, g, y, n);
+  if (n > 0) launch_pdl(mul_sigmoid_kernel, elem_blocks(n), 256, 0, s, x, g, y, n);
 }
 void launch_copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                       int64_t cols, cudaStream_t s) {
   if (rows <= 0 || cols <= 0) return;
   const unsigned gx = static_cast<unsigned>(std::min<int64_t>((cols + 255) / 256, 1024));
   const unsigned gy = static_cast<unsigned>(std::min<int64_t>(rows, 65535));
-  copy_rows_kernel<<<dim3(gx, gy), 256, 0, s>>>(dst, dst_stride, src, src_stride, rows, cols);
+  launch_pdl(copy_rows_kernel, dim3(gx, gy), 256, 0, s, dst, dst_stride, src, src_stride, rows, cols);
 }
 void launch_scatter_rows(float* dst, int64_t dst_stride, int64_t dst_rows, const int32_t* idx, const float* src,
                          int64_t src_stride, int64_t rows, int64_t cols, cudaStream_t s) {
   if (rows <= 0 || cols <= 0) return;
   const unsigned gx = static_cast<unsigned>(std::min<int64_t>((cols + 255) / 256, 1024));
   const unsigned gy = static_cast<unsigned>(std::min<int64_t>(rows, 65535));
-  scatter_rows_kernel<<<dim3(gx, gy), 256, 0, s>>>(dst, dst_stride, dst_rows, idx, src, src_stride, rows, cols);
+  launch_pdl(scatter_rows_kernel, dim3(gx, gy), 256, 0, s, dst, dst_stride, dst_rows, idx, src, src_stride, rows, cols);
 }
 void launch_gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M, int64_t n_v_heads,
                       cudaStream_t s) {
   const int64_t n = M * n_v_heads;
-  if (n > 0) gdn_gates_kernel<<<ceil_div_u(n, 256), 256, 0, s>>>(a, b, dt_bias, ssm_a, M, n_v_heads);
+  if (n > 0) launch_pdl(gdn_gates_kernel, ceil_div_u(n, 256), 256, 0, s, a, b, dt_bias, ssm_a, M, n_v_heads);
 }
 void launch_gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C, int64_t K,
                      cudaStream_t s) {
   if (C <= 0) return;
   if (K == 4)
-    gdn_conv_kernel<4><<<ceil_div_u(C, 128), 128, 0, s>>>(x, state, w, y, M, C, 4);
+    launch_pdl(gdn_conv_kernel<4>, ceil_div_u(C, 128), 128, 0, s, x, state, w, y, M, C, 4);
   else
-    gdn_conv_kernel<0><<<ceil_div_u(C, 128), 128, 0, s>>>(x, state, w, y, M, C, static_cast<int>(K));
+    launch_pdl(gdn_conv_kernel<0>, ceil_div_u(C, 128), 128, 0, s, x, state, w, y, M, C, static_cast<int>(K));
 }
 void launch_dflash_conv(const float* x, const float* base, const float* d, int64_t d_stride, const float* res,
                         float* y, int64_t M, int64_t C, int64_t K, int64_t group, cudaStream_t s) {
   if (M <= 0 || C <= 0) return;
-  dflash_conv_kernel<<<dim3(ceil_div_u(C, 256), static_cast<unsigned>(M)), 256, 0, s>>>(x, base, d, d_stride, res,
+  launch_pdl(dflash_conv_kernel, dim3(ceil_div_u(C, 256), static_cast<unsigned>(M)), 256, 0, s, x, base, d, d_stride, res,
                                                                                           y, M, C, K, group);
 }
 

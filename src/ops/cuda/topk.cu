@@ -29,6 +29,7 @@ __device__ __forceinline__ uint32_t ordered_bits(float f) {
 }
 
 __global__ void argmax_kernel(const float* __restrict__ x, unsigned long long* __restrict__ best, int64_t n) {
+  pdl_wait();
   const int64_t m = blockIdx.y;
   const float* xr = x + m * n;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kArgmaxChunk;
@@ -55,6 +56,7 @@ __global__ void argmax_kernel(const float* __restrict__ x, unsigned long long* _
 }
 
 __global__ void argmax_finish_kernel(const unsigned long long* __restrict__ best, int32_t* ids, int64_t M) {
+  pdl_wait();
   const int64_t m = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (m < M) ids[m] = static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(best[m] & 0xffffffffu));
 }
@@ -71,6 +73,7 @@ __device__ __forceinline__ bool before(const Entry& a, const Entry& b) { return 
 __global__ void __launch_bounds__(kSortThreads)
 topk_chunk_kernel(const float* __restrict__ src_v, const int32_t* __restrict__ src_i, int64_t count,
                   int64_t row_stride, float* __restrict__ dst_v, int32_t* __restrict__ dst_i, int k, int n_chunks) {
+  pdl_wait();
   __shared__ Entry a[kSortN];
   const int64_t m = blockIdx.y;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kSortN;
@@ -118,8 +121,8 @@ void launch_argmax(const float* x, int32_t* ids, int64_t M, int64_t n, void* scr
   if (M <= 0) return;
   auto* best = static_cast<unsigned long long*>(scratch);
   cudaMemsetAsync(best, 0, argmax_scratch_bytes(M), s);
-  argmax_kernel<<<dim3(ceil_div_u(n, kArgmaxChunk), static_cast<unsigned>(M)), 256, 0, s>>>(x, best, n);
-  argmax_finish_kernel<<<ceil_div_u(M, 128), 128, 0, s>>>(best, ids, M);
+  launch_pdl(argmax_kernel, dim3(ceil_div_u(n, kArgmaxChunk), static_cast<unsigned>(M)), 256, 0, s, x, best, n);
+  launch_pdl(argmax_finish_kernel, ceil_div_u(M, 128), 128, 0, s, best, ids, M);
 }
 
 // Two ping-pong candidate buffers of M * ceil(n / kSortN) * k entries each.
@@ -149,7 +152,7 @@ void launch_top_k(const float* x, int32_t* ids, float* vals, int64_t M, int64_t 
     const bool last = chunks == 1;
     float* dv = last ? vals : bv[which];
     int32_t* di = last ? ids : bi[which];
-    topk_chunk_kernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(M)), kSortThreads, 0, s>>>(
+    launch_pdl(topk_chunk_kernel, dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(M)), kSortThreads, 0, s, 
         cur_v, cur_i, count, stride, dv, di, static_cast<int>(k), static_cast<int>(chunks));
     if (last) break;
     cur_v = bv[which];
