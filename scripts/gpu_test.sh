@@ -16,6 +16,8 @@
 #       --dflash-bench TYPE writes the synthetic 27B target of TYPE and the 27B-shaped drafter
 #       (`dflash synth-drafter --preset qwen38-27b`) and runs `dflash bench --device cuda` on the pair
 #       (extra bench options in $DBENCH_ARGS).
+#       --profile-step TYPE profiles one decode step of that 27B target with ncu and writes the
+#       per-kernel breakdown (tools/ncu_step_breakdown.py) to $OUT/step_breakdown_TYPE.md.
 #
 # Through the device tool:  run(command="bash scripts/gpu_test.sh", carry=["build-cuda/gpu"])
 set -uo pipefail
@@ -40,7 +42,7 @@ if [ "${1:-}" = "--stage" ]; then
   exit 0
 fi
 
-RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64 DBENCH=""
+RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64 DBENCH="" PROFILE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-test) RUN_TEST=0 ;;
@@ -48,6 +50,7 @@ while [ $# -gt 0 ]; do
     --model27) MODEL27="$2"; shift ;;
     --tokens) TOKENS="$2"; shift ;;
     --dflash-bench) DBENCH="$2"; shift ;;
+    --profile-step) PROFILE="$2"; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -103,6 +106,23 @@ if [ -n "$DBENCH" ]; then
     >"$OUT/dflash_bench_$DBENCH.md" 2>"$OUT/dflash_bench_$DBENCH.log"
   echo "dflash bench $DBENCH: exit $? in $(( $(date +%s) - t0 )) s"
   cat "$OUT/dflash_bench_$DBENCH.md"; tail -5 "$OUT/dflash_bench_$DBENCH.log"
+fi
+
+if [ -n "$PROFILE" ]; then
+  # Per-kernel breakdown of one decode step of the synthetic 27B target of type $PROFILE (ncu).
+  F=/tmp/bonsai27-$PROFILE.gguf
+  [ -f "$F" ] || timeout 200 "$G/dflash" synth "$F" --preset bonsai-27b --type "$PROFILE" >/dev/null 2>&1
+  t0=$(date +%s)
+  DFLASH_PROFILE_STEP=1 timeout 300 ncu --profile-from-start off --metrics gpu__time_duration.sum,dram__bytes.sum \
+    --print-units base --csv --log-file "$OUT/step_$PROFILE.csv" "$G/bench_cuda_ops" --model "$F" --model-only --tokens 4 \
+    >"$OUT/step_app_$PROFILE.log" 2>&1
+  echo "ncu step $PROFILE: exit $? in $(( $(date +%s) - t0 )) s"
+  # The floor for the table: FLOOR_GBPS if given (the streaming read measured without ncu attached:
+  # under ncu the app's own floor measurement reads low), else the app's.
+  FLOOR=${FLOOR_GBPS:-$(grep -o 'floor[^:]*: [0-9]* GB/s' "$OUT/step_app_$PROFILE.log" | grep -o '[0-9]* GB/s' | grep -o '[0-9]*' | head -1)}
+  python3 tools/ncu_step_breakdown.py "$OUT/step_$PROFILE.csv" "${FLOOR:-4500}" >"$OUT/step_breakdown_$PROFILE.md"
+  cat "$OUT/step_breakdown_$PROFILE.md"
+  gzip -f "$OUT/step_$PROFILE.csv"
 fi
 
 echo "================ summary"

@@ -2,6 +2,7 @@
 // methods, each a launcher from kernels.h followed by a launch check. Host code only (g++).
 #include "ops/cuda/cuda_backend.h"
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -649,6 +650,13 @@ double time_graph_ms(Backend& be, int batch, int iters, const std::function<void
       for (int i = 0; i < batch; ++i) fn();  // graphs disabled (DFLASH_CUDA_GRAPHS=0): plain launches
   });
   return ms / batch;
+}
+
+void profiler_range(bool start) {
+  if (start)
+    cudaProfilerStart();
+  else
+    cudaProfilerStop();
 }
 
 double read_bandwidth_gbps(Backend& be, size_t bytes, int iters) {

@@ -52,6 +52,9 @@ double time_ms(Backend& be, int warmup, int iters, const std::function<void()>& 
 // between the calls. fn must enqueue ops only (no allocation, upload or download).
 double time_graph_ms(Backend& be, int batch, int iters, const std::function<void()>& fn);
 
+// Marks a profiled range (cudaProfilerStart / Stop) for `ncu --profile-from-start off`.
+void profiler_range(bool start);
+
 // Streaming-read bandwidth floor measured on the backend's device: a kernel reading `bytes`
 // (16-byte loads, every byte once, a checksum written so nothing is elided), median of iters runs.
 // Returns GB/s (1e9 bytes per second).
