@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "gguf/gguf.h"
+#include "models/hf_config.h"
 #include "models/safetensors.h"
 #include "prism/hadamard.h"
 #include "util/error.h"
@@ -50,43 +51,6 @@ struct HfConfig {
   int64_t q_width() const { return n_head * head_dim; }
 };
 
-struct JsonReader {
-  const json& o;
-  std::string where;  // "config.json" or "config.json text_config"
-
-  const json* get(const char* key) const {
-    auto it = o.find(key);
-    return it == o.end() || it->is_null() ? nullptr : &*it;
-  }
-  int64_t integer(const char* key) const {
-    const json* v = get(key);
-    DFLASH_CHECK(v != nullptr, "{}: missing '{}'", where, key);
-    DFLASH_CHECK(v->is_number_integer(), "{}: '{}' is {}, expected an integer", where, key, v->dump());
-    const int64_t x = v->get<int64_t>();
-    DFLASH_CHECK(x > 0 && x < (int64_t{1} << 40), "{}: '{}' = {} is out of range", where, key, x);
-    return x;
-  }
-  int64_t integer_or(const char* key, int64_t def) const { return get(key) ? integer(key) : def; }
-  double number_or(const char* key, double def) const {
-    const json* v = get(key);
-    if (!v) return def;
-    DFLASH_CHECK(v->is_number(), "{}: '{}' is {}, expected a number", where, key, v->dump());
-    return v->get<double>();
-  }
-  bool boolean_or(const char* key, bool def) const {
-    const json* v = get(key);
-    if (!v) return def;
-    DFLASH_CHECK(v->is_boolean(), "{}: '{}' is {}, expected true or false", where, key, v->dump());
-    return v->get<bool>();
-  }
-  std::string string_or(const char* key, std::string def) const {
-    const json* v = get(key);
-    if (!v) return def;
-    DFLASH_CHECK(v->is_string(), "{}: '{}' is {}, expected a string", where, key, v->dump());
-    return v->get<std::string>();
-  }
-};
-
 std::optional<int64_t> token_id_field(const json& o, const char* key) {
   auto it = o.find(key);
   if (it == o.end() || it->is_null()) return std::nullopt;
@@ -98,8 +62,7 @@ std::optional<int64_t> token_id_field(const json& o, const char* key) {
 
 HfConfig read_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
-  DFLASH_CHECK(fs::exists(path), "{}: no config.json", dir);
-  const json top = hf::read_json_file(path, 16ull << 20, 16);
+  const json top = hf::read_config_json(dir);
   HfConfig c;
   const json* text = &top;
   std::string where = "config.json";
@@ -107,13 +70,10 @@ HfConfig read_config(const std::string& dir) {
     text = &*it;
     where = "config.json text_config";
   }
-  const JsonReader r{*text, where};
-  const JsonReader rt{top, "config.json"};
+  const hf::ConfigFields r(where, {text});
+  const hf::ConfigFields rt("config.json", {&top});
   c.model_type = r.string_or("model_type", rt.string_or("model_type", ""));
-  std::string archs;
-  if (auto it = top.find("architectures"); it != top.end() && it->is_array())
-    for (const json& a : *it)
-      if (a.is_string()) archs += (archs.empty() ? "" : ",") + a.get<std::string>();
+  const std::string archs = hf::architectures(top);
   const std::string mt = c.model_type, top_mt = rt.string_or("model_type", "");
   if (mt == "qwen3_5" || mt == "qwen3_5_text" || top_mt == "qwen3_5") {
     c.hybrid = true;
@@ -153,14 +113,11 @@ HfConfig read_config(const std::string& dir) {
   if (rp) DFLASH_CHECK(rp->is_object(), "{}: rope_parameters is not an object", where);
   const json* rs = r.get("rope_scaling");
   for (const json* p : {rp, rs}) {
-    if (!p || !p->is_object()) continue;
-    std::string type = "default";
-    for (const char* k : {"rope_type", "type"})
-      if (p->contains(k) && (*p)[k].is_string()) type = (*p)[k].get<std::string>();
+    const std::string type = hf::rope_type(p);
     DFLASH_CHECK(type == "default" || type == "mrope", "{}: RoPE type '{}' is not supported (plain RoPE only)", where,
                  type);
   }
-  const JsonReader rr{rp ? *rp : json::object(), where + " rope_parameters"};
+  const hf::ConfigFields rr(where + " rope_parameters", {rp});  // rp null: every key absent
   c.rope_theta = rr.number_or("rope_theta", r.number_or("rope_theta", 0));
   DFLASH_CHECK(c.rope_theta > 0, "{}: no rope_theta (in rope_parameters or at the top level)", where);
   const double prf = rr.number_or("partial_rotary_factor", r.number_or("partial_rotary_factor", c.hybrid ? 0.25 : 1.0));

@@ -9,6 +9,8 @@
 #include <thread>
 
 #include "gguf/gguf.h"
+#include "models/drafter_metadata.h"
+#include "models/hf_config.h"
 #include "models/safetensors.h"
 #include "util/error.h"
 
@@ -17,83 +19,22 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using gguf::Value;
-using gguf::ValueType;
 
 // ---------------------------------------------------------------------------------------------
 // config.json
 
-// A value of the drafter config: dflash_config first, then the top level (z-lab's _draft_value).
-struct DraftJson {
-  const json& top;
-  const json* dc;  // dflash_config or null
-  std::string path;
-
-  const json* get(const char* key) const {
-    if (dc) {
-      auto it = dc->find(key);
-      if (it != dc->end() && !it->is_null()) return &*it;
-    }
-    auto it = top.find(key);
-    return it == top.end() || it->is_null() ? nullptr : &*it;
-  }
-  int64_t integer(const char* key) const {
-    const json* v = get(key);
-    DFLASH_CHECK(v != nullptr, "{}: missing '{}' (in dflash_config or at the top level)", path, key);
-    DFLASH_CHECK(v->is_number_integer(), "{}: '{}' is {}, expected an integer", path, key, v->dump());
-    const int64_t x = v->get<int64_t>();
-    DFLASH_CHECK(x >= 0 && x < (int64_t{1} << 40), "{}: '{}' = {} is out of range", path, key, x);
-    return x;
-  }
-  int64_t integer_or(const char* key, int64_t def) const { return get(key) ? integer(key) : def; }
-  double number_or(const char* key, double def) const {
-    const json* v = get(key);
-    if (!v) return def;
-    DFLASH_CHECK(v->is_number(), "{}: '{}' is {}, expected a number", path, key, v->dump());
-    return v->get<double>();
-  }
-  bool boolean_or(const char* key, bool def) const {
-    const json* v = get(key);
-    if (!v) return def;
-    DFLASH_CHECK(v->is_boolean(), "{}: '{}' is {}, expected true or false", path, key, v->dump());
-    return v->get<bool>();
-  }
-};
-
-struct DraftConfig {
-  bool dflash2 = false;
-  int64_t n_layer = 0, n_embd = 0, n_ff = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_vocab = 0, n_ctx = 0;
-  double rms_eps = 1e-6, rope_theta = 0;
-  int64_t block_size = 0;
-  std::vector<int64_t> target_layer_ids;  // z-lab's (layer output ids)
-  int64_t mask_token = 0;
-  int64_t conv_kernel = 0, conv_group = 0, selector_rank = 0, selector_top_k = 0;
-  int64_t sliding_window = 0;
-  bool causal = false;
-};
-
-json read_top(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "config.json").string();
-  DFLASH_CHECK(fs::exists(path), "{}: no config.json", dir);
-  return hf::read_json_file(path, 16ull << 20, 16);
-}
-
-std::string architectures(const json& top) {
-  std::string archs;
-  if (auto it = top.find("architectures"); it != top.end() && it->is_array())
-    for (const json& a : *it)
-      if (a.is_string()) archs += (archs.empty() ? "" : ",") + a.get<std::string>();
-  return archs;
-}
-
-DraftConfig read_draft_config(const std::string& dir) {
-  const json top = read_top(dir);
+// The drafter config as the GGUF metadata will say it (general.name and the clamping of n_ctx are
+// the caller's). z-lab's target_layer_ids are layer outputs; target_layers holds layer inputs (+1).
+DrafterMetadata read_draft_config(const std::string& dir) {
+  const json top = hf::read_config_json(dir);
   const std::string path = (fs::path(dir) / "config.json").string();
   const json* dc = nullptr;
   if (auto it = top.find("dflash_config"); it != top.end() && it->is_object()) dc = &*it;
-  const DraftJson r{top, dc, path};
-  const std::string archs = architectures(top);
-  DraftConfig c;
+  // A value of the drafter config: dflash_config first, then the top level (z-lab's _draft_value).
+  // Zero is a valid integer here (mask_token_id, selector_top_k = 0 for v1).
+  const hf::ConfigFields r(path, {dc, &top}, /*min_integer=*/0, " (in dflash_config or at the top level)");
+  const std::string archs = hf::architectures(top);
+  DrafterMetadata c;
   c.dflash2 = archs.find("DFlash2DraftModel") != std::string::npos || r.integer_or("selector_top_k", 0) > 0;
 
   c.n_layer = r.integer("num_hidden_layers");
@@ -126,10 +67,7 @@ DraftConfig read_draft_config(const std::string& dir) {
   const json* rp = r.get("rope_parameters");
   const json* rs = r.get("rope_scaling");
   for (const json* p : {rp, rs}) {
-    if (!p || !p->is_object()) continue;
-    std::string type = "default";
-    for (const char* k : {"rope_type", "type"})
-      if (p->contains(k) && (*p)[k].is_string()) type = (*p)[k].get<std::string>();
+    const std::string type = hf::rope_type(p);
     DFLASH_CHECK(type == "default", "{}: RoPE type '{}' is not supported (plain RoPE only)", path, type);
   }
   if (rp && rp->is_object() && rp->contains("rope_theta") && (*rp)["rope_theta"].is_number())
@@ -173,7 +111,7 @@ DraftConfig read_draft_config(const std::string& dir) {
   for (const json& id : *ids) {
     DFLASH_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (1 << 20),
                  "{}: target_layer_ids entry {} is not a layer id", path, id.dump());
-    c.target_layer_ids.push_back(id.get<int64_t>());
+    c.target_layers.push_back(id.get<int64_t>() + 1);  // SPEC 2.5
   }
   DFLASH_CHECK(r.get("mask_token_id") != nullptr, "{}: dflash_config.mask_token_id is missing", path);
   c.mask_token = r.integer("mask_token_id");
@@ -209,8 +147,8 @@ struct Plan {
 
 bool is_dflash_checkpoint(const std::string& dir) {
   if (!fs::exists(fs::path(dir) / "config.json")) return false;
-  const json top = read_top(dir);
-  return architectures(top).find("DFlash") != std::string::npos || top.contains("dflash_config");
+  const json top = hf::read_config_json(dir);
+  return hf::architectures(top).find("DFlash") != std::string::npos || top.contains("dflash_config");
 }
 
 ConvertReport convert_dflash_to_gguf(const std::string& dir, const std::string& out_path, const ConvertOptions& opts) {
@@ -219,13 +157,13 @@ ConvertReport convert_dflash_to_gguf(const std::string& dir, const std::string& 
   };
   DFLASH_CHECK(fs::is_directory(dir), "{}: not a directory (expected a DFlash drafter folder)", dir);
   DFLASH_CHECK(!opts.prism, "{}: --prism does not apply to drafters (they are not rotated)", dir);
-  const DraftConfig c = read_draft_config(dir);
+  const DrafterMetadata c = read_draft_config(dir);
   const hf::Checkpoint ck = hf::Checkpoint::open(dir);
   const TypeTraits& tt = type_traits(opts.type);
   DFLASH_CHECK(tt.has_codec, "convert: type {} cannot be written (no quantizer)", tt.name);
   const int n_threads =
       opts.threads > 0 ? opts.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int64_t E = c.n_embd, hd = c.head_dim, n_taps = static_cast<int64_t>(c.target_layer_ids.size());
+  const int64_t E = c.n_embd, hd = c.head_dim, n_taps = static_cast<int64_t>(c.target_layers.size());
 
   // Some exports nest the drafter under "model."; z-lab's do not.
   const std::string pre = ck.find("fc.weight") ? "" : (ck.find("model.fc.weight") ? "model." : "");
@@ -303,34 +241,11 @@ ConvertReport convert_dflash_to_gguf(const std::string& dir, const std::string& 
 
   // ---- metadata
   gguf::Writer w;
-  const std::string p = "dflash.";
-  w.set("general.architecture", Value::string("dflash"));
-  w.set("general.name", Value::string(fs::path(dir).filename().string()));
-  w.set("general.type", Value::string("model"));
-  w.set(p + "block_count", Value::u32(c.n_layer));
-  w.set(p + "context_length", Value::u32(std::min<int64_t>(c.n_ctx, UINT32_MAX)));
-  w.set(p + "embedding_length", Value::u32(E));
-  w.set(p + "feed_forward_length", Value::u32(c.n_ff));
-  w.set(p + "attention.head_count", Value::u32(c.n_head));
-  w.set(p + "attention.head_count_kv", Value::u32(c.n_head_kv));
-  w.set(p + "attention.key_length", Value::u32(hd));
-  w.set(p + "attention.value_length", Value::u32(hd));
-  w.set(p + "attention.layer_norm_rms_epsilon", Value::f32(static_cast<float>(c.rms_eps)));
-  w.set(p + "rope.freq_base", Value::f32(static_cast<float>(c.rope_theta)));
-  w.set(p + "block_size", Value::u32(c.block_size));
-  std::vector<Value> taps;
-  for (int64_t id : c.target_layer_ids) taps.push_back(Value::i32(static_cast<int32_t>(id + 1)));  // SPEC 2.5
-  w.set(p + "target_layers", Value::array(ValueType::I32, std::move(taps)));
-  if (c.dflash2) {
-    w.set(p + "conv_kernel_size", Value::u32(K));
-    w.set(p + "conv_group_size", Value::u32(c.conv_group));
-    w.set(p + "selector_rank", Value::u32(c.selector_rank));
-    w.set(p + "selector_top_k", Value::u32(c.selector_top_k));
-  }
-  if (c.sliding_window > 0) w.set(p + "attention.sliding_window", Value::u32(c.sliding_window));
-  w.set(p + "attention.causal", Value::boolean(c.causal));
-  if (n_vocab > 0) w.set(p + "vocab_size", Value::u32(n_vocab));
-  w.set("tokenizer.ggml.mask_token_id", Value::u32(c.mask_token));
+  DrafterMetadata meta = c;
+  meta.name = fs::path(dir).filename().string();
+  meta.n_ctx = std::min<int64_t>(c.n_ctx, UINT32_MAX);
+  meta.n_vocab = n_vocab;  // DFlash 2: the codebook rows, whatever vocab_size said
+  write_drafter_metadata(w, meta);
   if (c.rope_theta != 1e7)
     log(fmt::format("note: rope theta {} (the Qwen3.8-27B drafter uses 1e7; a mismatch with training ruins "
                     "acceptance)", c.rope_theta));

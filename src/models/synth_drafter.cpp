@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "gguf/gguf.h"
+#include "models/drafter_metadata.h"
 #include "util/error.h"
 
 namespace dflash {
@@ -164,6 +165,33 @@ std::vector<Plan> make_plan(const SynthDrafterSpec& s) {
   return plan;
 }
 
+// The spec as file metadata. make_plan has checked it: mask_token < n_vocab, so n_vocab > 0.
+DrafterMetadata metadata_of(const SynthDrafterSpec& s) {
+  DrafterMetadata m;
+  m.name = s.dflash2 ? "dflash synthetic DFlash 2 drafter" : "dflash synthetic DFlash drafter";
+  m.n_layer = s.n_layer;
+  m.n_ctx = s.n_ctx_train;
+  m.n_embd = s.n_embd;
+  m.n_ff = s.n_ff;
+  m.n_head = s.n_head;
+  m.n_head_kv = s.n_head_kv;
+  m.head_dim = s.head_dim;
+  m.rms_eps = s.rms_eps;
+  m.rope_theta = s.rope_theta;
+  m.block_size = s.block_size;
+  m.target_layers = s.target_layers;  // already layer-input ids
+  m.dflash2 = s.dflash2;
+  m.conv_kernel = s.conv_kernel;
+  m.conv_group = s.conv_group;
+  m.selector_rank = s.selector_rank;
+  m.selector_top_k = s.selector_top_k;
+  m.sliding_window = s.sliding_window;
+  m.causal = s.causal;
+  m.n_vocab = s.n_vocab;
+  m.mask_token = s.mask_token;
+  return m;
+}
+
 }  // namespace
 
 std::vector<SynthTensor> synth_drafter_tensors(const SynthDrafterSpec& spec) {
@@ -174,40 +202,9 @@ std::vector<SynthTensor> synth_drafter_tensors(const SynthDrafterSpec& spec) {
 
 void synth_drafter(const SynthDrafterSpec& s, const std::string& path,
                    const std::function<void(uint64_t, uint64_t)>& progress) {
-  using gguf::Value;
-  using gguf::ValueType;
   const std::vector<Plan> plan = make_plan(s);
-  const int64_t E = s.n_embd, hd = s.head_dim;
-  const int64_t K = s.conv_kernel;
   gguf::Writer w;
-  const std::string p = "dflash.";
-  w.set("general.architecture", Value::string("dflash"));
-  w.set("general.name", Value::string(s.dflash2 ? "dflash synthetic DFlash 2 drafter" : "dflash synthetic DFlash drafter"));
-  w.set("general.type", Value::string("model"));
-  w.set(p + "block_count", Value::u32(s.n_layer));
-  w.set(p + "context_length", Value::u32(s.n_ctx_train));
-  w.set(p + "embedding_length", Value::u32(E));
-  w.set(p + "feed_forward_length", Value::u32(s.n_ff));
-  w.set(p + "attention.head_count", Value::u32(s.n_head));
-  w.set(p + "attention.head_count_kv", Value::u32(s.n_head_kv));
-  w.set(p + "attention.key_length", Value::u32(hd));
-  w.set(p + "attention.value_length", Value::u32(hd));
-  w.set(p + "attention.layer_norm_rms_epsilon", Value::f32(static_cast<float>(s.rms_eps)));
-  w.set(p + "rope.freq_base", Value::f32(static_cast<float>(s.rope_theta)));
-  w.set(p + "block_size", Value::u32(s.block_size));
-  std::vector<Value> taps;
-  for (int64_t t : s.target_layers) taps.push_back(Value::i32(static_cast<int32_t>(t)));
-  w.set(p + "target_layers", Value::array(ValueType::I32, std::move(taps)));
-  if (s.dflash2) {
-    w.set(p + "conv_kernel_size", Value::u32(K));
-    w.set(p + "conv_group_size", Value::u32(s.conv_group));
-    w.set(p + "selector_rank", Value::u32(s.selector_rank));
-    w.set(p + "selector_top_k", Value::u32(s.selector_top_k));
-  }
-  if (s.sliding_window > 0) w.set(p + "attention.sliding_window", Value::u32(s.sliding_window));
-  w.set(p + "attention.causal", Value::boolean(s.causal));
-  w.set(p + "vocab_size", Value::u32(s.n_vocab));
-  w.set("tokenizer.ggml.mask_token_id", Value::u32(s.mask_token));
+  write_drafter_metadata(w, metadata_of(s));
 
   // ---- data: rows generated in parallel, deterministically
   SynthTensorWriter tw(w, progress);

@@ -126,6 +126,16 @@ void expect_same_file(const std::string& a_path, const std::string& b_path) {
     const auto da = a.tensor_data(ta), db = b.tensor_data(*tb);
     ASSERT_EQ(0, std::memcmp(da.data(), db.data(), da.size())) << ta.name;
   }
+  // Every metadata key, in order, with its type and value: both files come from write_drafter_metadata,
+  // and the checkpoint round trip must not lose or change any of them (general.name is the folder's).
+  ASSERT_EQ(a.metadata().size(), b.metadata().size());
+  for (size_t i = 0; i < a.metadata().size(); ++i) {
+    const gguf::KeyValue &ka = a.metadata()[i], &kb = b.metadata()[i];
+    EXPECT_EQ(ka.key, kb.key) << "metadata order at " << i;
+    if (ka.key == "general.name") continue;
+    EXPECT_TRUE(ka.value == kb.value) << ka.key << ": " << gguf::format_value(ka.value) << " vs "
+                                      << gguf::format_value(kb.value);
+  }
   const DrafterConfig ca = read_drafter_config(a), cb = read_drafter_config(b);
   EXPECT_EQ(ca.target_layers, cb.target_layers);
   EXPECT_EQ(ca.n_layer, cb.n_layer);
