@@ -6,13 +6,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include <chrono>
-#include <functional>
-
-#include <cstdio>
-
 #include "cli/commands.h"
-#include "cli/load_progress.h"
+#include "cli/synth_options.h"
 #include "models/synth.h"
 #include "util/error.h"
 
@@ -25,9 +20,9 @@ struct SynthArgs {
   std::string arch;
   std::string type;
   std::string alpha_beta_type;
-  int64_t layers = 0, embd = 0, ff = 0, vocab = 0, heads = 0, heads_kv = 0, head_dim = 0, rot = 0;
+  SynthShapeArgs shape;
+  int64_t rot = 0;
   int64_t ssm_k_heads = 0, ssm_v_heads = 0, ssm_head = 0, interval = 0, prism_block = 0;
-  int64_t ctx = 0;
   uint64_t seed = 1;
   bool prism = false;
   bool no_prism = false;
@@ -36,11 +31,7 @@ struct SynthArgs {
 };
 
 GgmlType parse_type(const std::string& name) {
-  auto t = type_from_name(name);
-  DFLASH_CHECK(t && type_traits(*t).has_codec,
-               "unknown type '{}'; use one of f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k tq1_0 tq2_0 q1_0 q2_0 pq2_0 ptq1_0",
-               name);
-  return *t;
+  return parse_synth_type(name, "use one of f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k tq1_0 tq2_0 q1_0 q2_0 pq2_0 ptq1_0");
 }
 
 void synth(const SynthArgs& a) {
@@ -61,35 +52,22 @@ void synth(const SynthArgs& a) {
   if (s.arch == "qwen3") s.n_rot = s.head_dim;
   if (!a.type.empty()) s.matmul_type = parse_type(a.type);
   if (!a.alpha_beta_type.empty()) s.alpha_beta_type = parse_type(a.alpha_beta_type);
-  auto set = [](int64_t v, int64_t& dst) {
-    if (v > 0) dst = v;
-  };
-  set(a.layers, s.n_layer);
-  set(a.embd, s.n_embd);
-  set(a.ff, s.n_ff);
-  set(a.vocab, s.n_vocab);
-  set(a.heads, s.n_head);
-  set(a.heads_kv, s.n_head_kv);
-  set(a.head_dim, s.head_dim);
-  set(a.rot, s.n_rot);
-  set(a.ssm_k_heads, s.ssm_k_heads);
-  set(a.ssm_v_heads, s.ssm_v_heads);
-  set(a.ssm_head, s.ssm_head_k);
-  set(a.ssm_head, s.ssm_head_v);
-  set(a.interval, s.full_attn_interval);
-  set(a.prism_block, s.prism_block);
-  set(a.ctx, s.n_ctx_train);
+  apply_synth_shape(a.shape, s);
+  override_if_set(a.rot, s.n_rot);
+  override_if_set(a.ssm_k_heads, s.ssm_k_heads);
+  override_if_set(a.ssm_v_heads, s.ssm_v_heads);
+  override_if_set(a.ssm_head, s.ssm_head_k);
+  override_if_set(a.ssm_head, s.ssm_head_v);
+  override_if_set(a.interval, s.full_attn_interval);
+  override_if_set(a.prism_block, s.prism_block);
   s.seed = a.seed;
   if (a.prism) s.prism = true;
   if (a.no_prism) s.prism = false;
   s.tokenizer = !a.no_tokenizer;
   s.tied_output = a.tied;
 
-  const auto t0 = std::chrono::steady_clock::now();
-  PercentProgress progress("writing " + a.out);
-  synth_target(s, a.out, std::ref(progress));
-  progress.finish();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs =
+      timed_synth_write(a.out, [&](const SynthProgress& progress) { synth_target(s, a.out, progress); });
   fmt::print("wrote {} ({} {} layers, hidden {}, vocab {}, {}{}) in {:.1f} s\n", a.out, s.arch, s.n_layer, s.n_embd,
              s.n_vocab, type_name(s.matmul_type), s.prism ? ", prism" : "", secs);
 }
@@ -104,19 +82,14 @@ void register_synth(CLI::App& app) {
   cmd->add_option("--arch", a->arch, "qwen35 (hybrid, default) or qwen3 (dense)");
   cmd->add_option("--type", a->type, "type of every layer matmul, token_embd and output (default f32; 27B: ptq1_0)");
   cmd->add_option("--alpha-beta-type", a->alpha_beta_type, "type of ssm_alpha / ssm_beta (27B: bf16)");
-  cmd->add_option("--layers", a->layers, "block_count");
-  cmd->add_option("--embd", a->embd, "embedding_length (hidden size)");
-  cmd->add_option("--ff", a->ff, "feed_forward_length");
-  cmd->add_option("--vocab", a->vocab, "vocabulary size");
-  cmd->add_option("--heads", a->heads, "attention heads");
-  cmd->add_option("--heads-kv", a->heads_kv, "attention KV heads");
-  cmd->add_option("--head-dim", a->head_dim, "attention head dim");
+  add_synth_shape_options(
+      cmd, a->shape, {.layers = "block_count", .embd = "embedding_length (hidden size)", .vocab = "vocabulary size"});
   cmd->add_option("--rope-dims", a->rot, "rotary dims per head (qwen35: partial RoPE)");
   cmd->add_option("--ssm-k-heads", a->ssm_k_heads, "GDN key heads (group_count)");
   cmd->add_option("--ssm-v-heads", a->ssm_v_heads, "GDN value heads (time_step_rank)");
   cmd->add_option("--ssm-head-dim", a->ssm_head, "GDN head dim (key and value)");
   cmd->add_option("--attn-interval", a->interval, "full_attention_interval (qwen35)");
-  cmd->add_option("--ctx", a->ctx, "context_length");
+  cmd->add_option("--ctx", a->shape.ctx, "context_length");
   cmd->add_option("--prism-block", a->prism_block, "Hadamard block size of the prism metadata");
   cmd->add_option("--seed", a->seed, "random seed");
   cmd->add_flag("--prism", a->prism, "write prism rotation metadata");

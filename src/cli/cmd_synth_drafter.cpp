@@ -8,13 +8,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <chrono>
-#include <functional>
-#include <cstdio>
 #include <sstream>
 
 #include "cli/commands.h"
-#include "cli/load_progress.h"
+#include "cli/synth_options.h"
 #include "gguf/gguf.h"
 #include "models/synth_drafter.h"
 #include "models/target.h"
@@ -29,18 +26,15 @@ struct SynthDrafterArgs {
   std::string target;
   std::string type, codebook_type;
   std::string taps;
-  int64_t layers = 0, embd = 0, ff = 0, vocab = 0, heads = 0, heads_kv = 0, head_dim = 0;
-  int64_t block = 0, rank = 0, top_k = 0, window = -1, group = 0, kernel = 0, mask = -1, ctx = 0;
+  SynthShapeArgs shape;
+  int64_t block = 0, rank = 0, top_k = 0, window = -1, group = 0, kernel = 0, mask = -1;
   double theta = 0;
   uint64_t seed = 7;
   bool v1 = false, causal = false;
 };
 
 GgmlType parse_type(const std::string& name) {
-  auto t = type_from_name(name);
-  DFLASH_CHECK(t && type_traits(*t).has_codec, "unknown type '{}'; use f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k ...",
-               name);
-  return *t;
+  return parse_synth_type(name, "use f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k ...");
 }
 
 std::vector<int64_t> parse_list(const std::string& s) {
@@ -90,22 +84,12 @@ void synth(const SynthDrafterArgs& a) {
     DFLASH_CHECK(a.preset == "tiny", "unknown preset '{}' (tiny or qwen38-27b)", a.preset);
     s = SynthDrafterSpec::for_target(tiny_target());
   }
-  auto set = [](int64_t v, int64_t& dst) {
-    if (v > 0) dst = v;
-  };
-  set(a.layers, s.n_layer);
-  set(a.embd, s.n_embd);
-  set(a.ff, s.n_ff);
-  set(a.vocab, s.n_vocab);
-  set(a.heads, s.n_head);
-  set(a.heads_kv, s.n_head_kv);
-  set(a.head_dim, s.head_dim);
-  set(a.block, s.block_size);
-  set(a.rank, s.selector_rank);
-  set(a.top_k, s.selector_top_k);
-  set(a.group, s.conv_group);
-  set(a.kernel, s.conv_kernel);
-  set(a.ctx, s.n_ctx_train);
+  apply_synth_shape(a.shape, s);
+  override_if_set(a.block, s.block_size);
+  override_if_set(a.rank, s.selector_rank);
+  override_if_set(a.top_k, s.selector_top_k);
+  override_if_set(a.group, s.conv_group);
+  override_if_set(a.kernel, s.conv_kernel);
   if (a.window >= 0) s.sliding_window = a.window;
   if (a.mask >= 0) s.mask_token = static_cast<int32_t>(a.mask);
   if (a.theta > 0) s.rope_theta = a.theta;
@@ -116,11 +100,8 @@ void synth(const SynthDrafterArgs& a) {
   s.causal = a.causal;
   s.seed = a.seed;
 
-  const auto t0 = std::chrono::steady_clock::now();
-  PercentProgress progress("writing " + a.out);
-  synth_drafter(s, a.out, std::ref(progress));
-  progress.finish();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs =
+      timed_synth_write(a.out, [&](const SynthProgress& progress) { synth_drafter(s, a.out, progress); });
   fmt::print("wrote {} ({} drafter, {} layers, hidden {}, vocab {}, taps [{}], {}) in {:.1f} s\n", a.out,
              s.dflash2 ? "DFlash 2" : "DFlash v1", s.n_layer, s.n_embd, s.n_vocab, fmt::join(s.target_layers, ", "),
              type_name(s.matmul_type), secs);
@@ -136,13 +117,10 @@ void register_synth_drafter(CLI::App& app) {
   cmd->add_option("--target", a->target, "shape the drafter for this target GGUF (hidden, vocab, taps, rope)");
   cmd->add_option("--type", a->type, "type of every matmul (default f32; 27B: q4_k with q6_k in layers 2, 4)");
   cmd->add_option("--codebook-type", a->codebook_type, "type of the selector codebooks");
-  cmd->add_option("--layers", a->layers, "drafter layers");
-  cmd->add_option("--embd", a->embd, "hidden size (must equal the target's)");
-  cmd->add_option("--ff", a->ff, "feed_forward_length");
-  cmd->add_option("--vocab", a->vocab, "vocabulary (must equal the target's)");
-  cmd->add_option("--heads", a->heads, "attention heads");
-  cmd->add_option("--heads-kv", a->heads_kv, "attention KV heads");
-  cmd->add_option("--head-dim", a->head_dim, "attention head dim");
+  add_synth_shape_options(cmd, a->shape,
+                          {.layers = "drafter layers",
+                           .embd = "hidden size (must equal the target's)",
+                           .vocab = "vocabulary (must equal the target's)"});
   cmd->add_option("--taps", a->taps, "target layer-input tap ids, comma-separated (SPEC 2.5)");
   cmd->add_option("--block", a->block, "trained block size (default 8)");
   cmd->add_option("--rank", a->rank, "selector rank");
@@ -152,7 +130,7 @@ void register_synth_drafter(CLI::App& app) {
   cmd->add_option("--window", a->window, "attention sliding window (0: none; default 2048)");
   cmd->add_option("--mask-token", a->mask, "mask token id");
   cmd->add_option("--rope-theta", a->theta, "rope.freq_base (default: the target's, 1e7)");
-  cmd->add_option("--ctx", a->ctx, "context_length");
+  cmd->add_option("--ctx", a->shape.ctx, "context_length");
   cmd->add_option("--seed", a->seed, "random seed");
   cmd->add_flag("--v1", a->v1, "a DFlash v1 drafter (no conv, no selector)");
   cmd->add_flag("--causal", a->causal, "causal attention inside the block");
