@@ -139,8 +139,9 @@ void bench_matmul_prefill(Backend& be, Out& out) {
   {
     const std::vector<uint8_t> h = make_weight(GgmlType::PTQ1_0, 128, 16, 1);
     const WeightRef w = be.upload_weight(h.data(), GgmlType::PTQ1_0, 128, 16);
-    out.line(fmt::format("prefill matmul, ternary layout {} (gemm_prefill.cu covers ternary-mma: "
-                         "DFLASH_CUDA_TERNARY_MMA=1)", cuda::weight_layout(be, w)));
+    out.line(fmt::format("prefill matmul, ternary layout {} (gemm_prefill.cu covers ternary-mma, the default; "
+                         "DFLASH_CUDA_TERNARY_MMA=0 selects planar-2bit, which falls back to the GEMV)",
+                         cuda::weight_layout(be, w)));
   }
   out.line("| prefill matmul PTQ1_0 | in x out | M | matmul_prefill us | TFLOP/s | % of 790 | GEMV us | speed-up |");
   out.line("|---|---|---|---|---|---|---|---|");
