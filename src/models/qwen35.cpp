@@ -102,10 +102,17 @@ struct LayerState {
   float* v_cache = nullptr;
   float* conv_state = nullptr;   // [K-1, conv_dim]
   float* ssm_state = nullptr;    // [Hv, head_k, head_v]
-  // Undo support for the last undoable forward
+  // Undo support for the last undoable forward (checkpoint + replay): the states before it and the
+  // rows' inputs, so that rollback(n) re-runs the conv window and the recurrence over the n kept rows
+  // (the same per-row arithmetic, so the same bits as if the rest had never been seen).
   float* conv_state_before = nullptr;  // [K-1, conv_dim]
   float* conv_inputs = nullptr;        // [max_undo_rows, conv_dim]
-  float* ssm_snapshots = nullptr;      // [max_undo_rows, Hv*head_k*head_v]
+  float* ssm_state_before = nullptr;   // [Hv, head_k, head_v]
+  float* undo_q = nullptr;             // [max_undo_rows, Hk*head_k] (l2-normed, scaled)
+  float* undo_k = nullptr;             // [max_undo_rows, Hk*head_k] (l2-normed)
+  float* undo_v = nullptr;             // [max_undo_rows, Hv*head_v]
+  float* undo_g = nullptr;             // [max_undo_rows, Hv] log-decay
+  float* undo_beta = nullptr;          // [max_undo_rows, Hv]
 };
 
 constexpr int64_t kChunkedThreshold = 32;  // prefill chunks at least this long use the chunked GDN form
@@ -344,7 +351,13 @@ void Qwen35Model::allocate_state() {
       s.ssm_state = alloc<float>(ssm_state_elems());
       s.conv_state_before = alloc<float>((size_t)km1 * conv_dim());
       s.conv_inputs = alloc<float>((size_t)max_undo_rows_ * conv_dim());
-      s.ssm_snapshots = alloc<float>((size_t)max_undo_rows_ * ssm_state_elems());
+      s.ssm_state_before = alloc<float>(ssm_state_elems());
+      const int64_t U = max_undo_rows_, Hk = cfg_.ssm_k_heads, Hv = cfg_.ssm_v_heads;
+      s.undo_q = alloc<float>((size_t)U * Hk * cfg_.ssm_head_k);
+      s.undo_k = alloc<float>((size_t)U * Hk * cfg_.ssm_head_k);
+      s.undo_v = alloc<float>((size_t)U * cfg_.ssm_inner);
+      s.undo_g = alloc<float>((size_t)U * Hv);
+      s.undo_beta = alloc<float>((size_t)U * Hv);
       widest = std::max(widest, conv_dim());
     }
   }
@@ -437,29 +450,34 @@ void Qwen35Model::gdn_block(int il, const float* n, float* y, int64_t M, bool un
   mm(w.w_qkv, nin, big0_, M);    // [M, C] pre-conv
   mm(w.w_gate, nin, gate_, M);   // z [M, inner]
   const float* nab = w.rot_alpha_beta ? (w.rot_attn_in ? nin : rotated(n, M, cfg_.n_embd, true, rot2_)) : n;
-  be_.matmul(w.w_beta, nab, b_, M);      // [M, Hv]
-  be_.matmul(w.w_alpha, nab, a_, M);     // [M, Hv]
+  // An undoable forward keeps the recurrence's inputs per layer (rollback replays them).
+  float* g = undoable ? s.undo_g : a_;        // [M, Hv] alpha, then the log-decay
+  float* beta = undoable ? s.undo_beta : b_;  // [M, Hv]
+  be_.matmul(w.w_beta, nab, beta, M);
+  be_.matmul(w.w_alpha, nab, g, M);
   if (undoable) {
     be_.copy(s.conv_state_before, s.conv_state, conv_state_bytes());
     be_.copy(s.conv_inputs, big0_, sizeof(float) * M * C);
+    be_.copy(s.ssm_state_before, s.ssm_state, ssm_state_bytes());
   }
   be_.gdn_conv(big0_, s.conv_state, w.conv1d, big1_, M, C, K);  // silu(conv) [M, C]
   // split q | k | v: one row is already three contiguous pieces (a decode step skips the copies)
   float *q = big1_, *k = big1_ + Hk * dk, *v = big1_ + 2 * Hk * dk;
-  if (M > 1) {
-    be_.copy_rows(q_, Hk * dk, big1_, C, M, Hk * dk);
-    be_.copy_rows(k_, Hk * dk, big1_ + Hk * dk, C, M, Hk * dk);
-    be_.copy_rows(v_, Hv * dv, big1_ + 2 * Hk * dk, C, M, Hv * dv);
-    q = q_, k = k_, v = v_;
+  if (M > 1 || undoable) {
+    float *qd = undoable ? s.undo_q : q_, *kd = undoable ? s.undo_k : k_, *vd = undoable ? s.undo_v : v_;
+    be_.copy_rows(qd, Hk * dk, big1_, C, M, Hk * dk);
+    be_.copy_rows(kd, Hk * dk, big1_ + Hk * dk, C, M, Hk * dk);
+    be_.copy_rows(vd, Hv * dv, big1_ + 2 * Hk * dk, C, M, Hv * dv);
+    q = qd, k = kd, v = vd;
   }
   be_.l2_norm(q, q, M * Hk, dk, 1e-6f, 1.0f / std::sqrt((float)dk));
   be_.l2_norm(k, k, M * Hk, dk, 1e-6f, 1.0f);
-  be_.gdn_gates(a_, b_, w.dt_bias, w.ssm_a, M, Hv);  // a_ -> g (log-decay), b_ -> beta
+  be_.gdn_gates(g, beta, w.dt_bias, w.ssm_a, M, Hv);  // alpha -> g (log-decay), b -> beta
   GdnShape shape{Hk, Hv, dk, dv};
   if (!undoable && M >= kChunkedThreshold)
-    be_.gdn_chunked(q, k, v, a_, b_, s.ssm_state, attn_, M, shape);
+    be_.gdn_chunked(q, k, v, g, beta, s.ssm_state, attn_, M, shape);
   else
-    be_.gdn_recurrent(q, k, v, a_, b_, s.ssm_state, attn_, undoable ? s.ssm_snapshots : nullptr, M, shape);
+    be_.gdn_recurrent(q, k, v, g, beta, s.ssm_state, attn_, nullptr, M, shape);
   be_.rms_norm_gated(attn_, w.ssm_norm, gate_, attn_, M * Hv, dv, cfg_.rms_eps);
   const float* oin = rotated(attn_, M, cfg_.ssm_inner, w.rot_attn_out, rot_, ssm_out_perm_);
   mm(w.w_ssm_out, oin, y, M);
@@ -572,7 +590,11 @@ void Qwen35Model::rollback(int64_t n_keep) {
   for (int64_t il = 0; il < cfg_.n_layer; ++il) {
     if (layers_[il].attention) continue;
     LayerState& s = state_[il];
-    be_.copy(s.ssm_state, s.ssm_snapshots + (size_t)(n_keep - 1) * ssm_state_elems(), ssm_state_bytes());
+    // the recurrence again over the kept rows, from the state before the forward (attn_: scratch out)
+    be_.copy(s.ssm_state, s.ssm_state_before, ssm_state_bytes());
+    const GdnShape shape{cfg_.ssm_k_heads, cfg_.ssm_v_heads, cfg_.ssm_head_k, cfg_.ssm_head_v()};
+    be_.gdn_recurrent(s.undo_q, s.undo_k, s.undo_v, s.undo_g, s.undo_beta, s.ssm_state, attn_, nullptr, n_keep,
+                      shape);
     // conv state = the last K-1 rows of [state_before ; inputs[0..n_keep)]
     for (int64_t r = 0; r < km1; ++r) {
       const int64_t src = n_keep + r;  // index into the concatenation (length km1 + n_keep) of the row
@@ -581,7 +603,7 @@ void Qwen35Model::rollback(int64_t n_keep) {
     }
   }
   last_rows_ = n_keep;
-  last_undoable_ = false;  // a second rollback would need the pre-rollback snapshots
+  last_undoable_ = false;  // a second rollback would need the states before this one
 }
 
 }  // namespace

@@ -51,8 +51,9 @@ struct TargetOptions {
   int64_t n_ctx = 4096;      // KV cache length (clamped to the trained context)
   int64_t max_rows = 64;     // the most rows one forward() processes (prefill chunk size)
   std::vector<int64_t> tap_layers;  // layer-input ids whose residual stream forward() returns (SPEC 2.5)
-  // The most rows an undoable (verify) forward takes: per-row GDN snapshots are reserved for this
-  // many rows (27B: 3 MiB x 48 layers per row). Set it to the drafter's block size.
+  // The most rows an undoable (verify) forward takes: the GDN layers keep these rows' recurrence
+  // inputs for rollback's replay (27B: ~50 KiB x 48 layers per row, plus one 3 MiB state per layer).
+  // Set it to the drafter's block size.
   int64_t max_undo_rows = 16;
 };
 
@@ -62,7 +63,7 @@ struct ForwardOptions {
   LogitRows logits = LogitRows::kAll;  // which rows get lm_head + argmax
   bool want_logits = false;            // also copy logits [rows, n_vocab] to the host
   bool want_taps = false;              // copy taps [M, n_taps * n_embd] to the host
-  bool undoable = false;               // keep per-row snapshots so rollback() can undo rows (M <= 8)
+  bool undoable = false;               // keep what rollback() needs to undo rows (M <= max_undo_rows)
 };
 
 struct ForwardResult {
