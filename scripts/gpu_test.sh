@@ -16,6 +16,8 @@
 #       --dflash-bench TYPE writes the synthetic 27B target of TYPE and the 27B-shaped drafter
 #       (`dflash synth-drafter --preset qwen38-27b`) and runs `dflash bench --device cuda` on the pair
 #       (extra bench options in $DBENCH_ARGS).
+#       --sass NAME writes the opcode histogram of the kernels whose name contains NAME
+#       (tools/sass_opcodes.py; e.g. --sass mm_ternary_kernel).
 #       --profile-step TYPE profiles one decode step of that 27B target with ncu and writes the
 #       per-kernel breakdown (tools/ncu_step_breakdown.py) to $OUT/step_breakdown_TYPE.md.
 #
@@ -42,7 +44,7 @@ if [ "${1:-}" = "--stage" ]; then
   exit 0
 fi
 
-RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64 DBENCH="" PROFILE=""
+RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64 DBENCH="" PROFILE="" SASS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-test) RUN_TEST=0 ;;
@@ -51,6 +53,7 @@ while [ $# -gt 0 ]; do
     --tokens) TOKENS="$2"; shift ;;
     --dflash-bench) DBENCH="$2"; shift ;;
     --profile-step) PROFILE="$2"; shift ;;
+    --sass) SASS="$2"; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -106,6 +109,12 @@ if [ -n "$DBENCH" ]; then
     >"$OUT/dflash_bench_$DBENCH.md" 2>"$OUT/dflash_bench_$DBENCH.log"
   echo "dflash bench $DBENCH: exit $? in $(( $(date +%s) - t0 )) s"
   cat "$OUT/dflash_bench_$DBENCH.md"; tail -5 "$OUT/dflash_bench_$DBENCH.log"
+fi
+
+if [ -n "$SASS" ]; then
+  # Opcode histogram of the kernels whose name contains $SASS (cuobjdump is on the GPU machine).
+  cuobjdump -sass "$G/test_cuda" | python3 tools/sass_opcodes.py "$SASS" >"$OUT/sass_$SASS.txt" 2>&1
+  cat "$OUT/sass_$SASS.txt"
 fi
 
 if [ -n "$PROFILE" ]; then
