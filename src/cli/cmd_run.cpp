@@ -1,4 +1,5 @@
-// `dflash run`: greedy generation from a prompt, plain or speculative (when a drafter is given).
+// `dflash run`: generation from a prompt: greedy, plain or speculative (when a drafter is given), or
+// sampled with --temp > 0 (plain decoding; --top-k, --top-p, --min-p, --seed).
 //
 //   dflash run [-m TARGET] -p PROMPT [-n N] [--raw] [--system S] [--no-think] [--json]
 //   dflash run -m TARGET --tokens 1,2,3 [-n N] [--json]         (token ids in, ids out)
@@ -19,6 +20,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <span>
 #include <sstream>
 #include <unistd.h>
@@ -59,6 +61,8 @@ struct RunArgs {
   std::string dump_logits;  // --dump-logits PATH (the HF oracle, tools/oracle_transformers.py)
   bool chat = false;        // --chat: multi-turn REPL on stdin
   bool stats = false;       // --stats: acceptance / timing summary on stderr
+  SamplingParams sampling;  // --temp > 0: sampled plain decoding (no speculation)
+  std::optional<uint64_t> seed;  // --seed; without it a fresh one each run
 };
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -205,7 +209,8 @@ void chat_repl(const RunArgs& a, const gguf::File& file, const text::Tokenizer& 
   DFLASH_CHECK(failed_turns == 0, "{} chat turn(s) failed", failed_turns);
 }
 
-void run(const RunArgs& a) {
+void run(RunArgs a) {
+  a.sampling.seed = a.seed ? *a.seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   const std::string model_path = a.model.empty() ? default_target_path() : a.model;
   gguf::File file = gguf::File::open(model_path);
   prefetch_file(file);  // a progress bar while a large file's pages come in
@@ -245,6 +250,7 @@ void run(const RunArgs& a) {
     go.max_tokens = a.max_tokens;
     go.speculative = drafter != nullptr;
     go.block = a.block;
+    go.sampling = a.sampling;
     go.stop_tokens = tok->eog_ids();
     Engine engine(*model, drafter.get());
     chat_repl(a, file, *tok, engine, go);
@@ -278,6 +284,7 @@ void run(const RunArgs& a) {
   go.max_tokens = a.max_tokens;
   go.speculative = drafter != nullptr;
   go.block = a.block;
+  go.sampling = a.sampling;
   if (tok) {
     go.stop_tokens = tok->eog_ids();
   } else if (file.has("tokenizer.ggml.eos_token_id")) {
@@ -323,7 +330,11 @@ void run(const RunArgs& a) {
     j["finish_reason"] = st.stopped_by_token ? "stop" : "length";
     j["timings"] = {{"prefill_seconds", st.prefill_seconds},   {"decode_seconds", st.decode_seconds},
                     {"prefill_tokens_per_second", pp_tps}, {"decode_tokens_per_second", gen_tps}};
-    if (drafter) {
+    if (!a.sampling.greedy())
+      j["sampling"] = {{"temperature", a.sampling.temperature}, {"top_k", a.sampling.top_k},
+                       {"top_p", a.sampling.top_p},             {"min_p", a.sampling.min_p},
+                       {"seed", a.sampling.seed}};
+    if (drafter && a.sampling.greedy()) {
       std::vector<double> rate;
       for (size_t i = 0; i < st.drafted_at.size(); ++i) rate.push_back(st.acceptance_rate_at(i));
       j["speculative"] = {{"drafter", drafter_path},
@@ -344,13 +355,16 @@ void run(const RunArgs& a) {
     fmt::print(stderr, "\n[{} prompt tokens, {:.1f} tok/s prefill; {} generated, {:.1f} tok/s decode; {}]\n",
                st.prompt_tokens, pp_tps, st.generated, gen_tps,
                st.stopped_by_token ? "stopped at end of turn" : st.context_full ? "context full" : "max tokens");
-    if (drafter)
+    if (!a.sampling.greedy())
+      fmt::print(stderr, "[sampled: temperature {}, top-k {}, top-p {}, min-p {}, seed {}; no speculation]\n",
+                 a.sampling.temperature, a.sampling.top_k, a.sampling.top_p, a.sampling.min_p, a.sampling.seed);
+    else if (drafter)
       fmt::print(stderr, "[speculative, block {}: {} cycles, {:.2f} tokens per cycle, {}/{} drafts accepted; "
                  "draft {:.3f} s, verify {:.3f} s, other {:.3f} s]\n",
                  a.block, st.cycles, st.acceptance_length(), st.accepted, st.drafted, st.draft_seconds,
                  st.verify_seconds, st.other_seconds);
   }
-  if (a.stats) print_stats(st, drafter != nullptr);
+  if (a.stats) print_stats(st, drafter != nullptr && a.sampling.greedy());
 }
 
 }  // namespace
@@ -372,6 +386,16 @@ void register_run(CLI::App& app) {
   cmd->add_flag("--json", a->json, "print token ids, text and timings as JSON");
   cmd->add_option("-d,--drafter", a->drafter, "DFlash drafter GGUF: speculative decoding (same output, faster)");
   cmd->add_flag("--no-spec", a->no_spec, "plain decoding even with a drafter");
+  cmd->add_option("--temp", a->sampling.temperature,
+                  "sampling temperature (default 0: greedy; > 0 samples and decodes without speculation)")
+      ->check(CLI::Range(0.0, 2.0));
+  cmd->add_option("--top-k", a->sampling.top_k, "sample from the k most likely tokens (0: off)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cmd->add_option("--top-p", a->sampling.top_p, "sample from the smallest set whose mass reaches p (1: off)")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--min-p", a->sampling.min_p, "drop tokens below min-p x the most likely one's probability")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--seed", a->seed, "random seed for sampling (same seed, prompt and model: same output; default: a fresh one)");
   cmd->add_option("--block", a->block, "verify block width B (2..8): B-1 drafted tokens per cycle")
       ->check(CLI::Range(2, 64));
   cmd->add_option("--draft-context", a->draft_context,

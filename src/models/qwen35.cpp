@@ -614,7 +614,8 @@ std::unique_ptr<TargetModel> TargetModel::load(const gguf::File& file, Backend& 
   return std::make_unique<Qwen35Model>(file, backend, options);
 }
 
-int32_t prefill(TargetModel& model, std::span<const int32_t> tokens, std::vector<float>* taps_out) {
+int32_t prefill(TargetModel& model, std::span<const int32_t> tokens, std::vector<float>* taps_out,
+                std::vector<float>* last_logits) {
   DFLASH_CHECK(!tokens.empty(), "prefill of an empty prompt");
   int32_t last = -1;
   for (size_t i = 0; i < tokens.size(); i += model.max_rows()) {
@@ -622,7 +623,9 @@ int32_t prefill(TargetModel& model, std::span<const int32_t> tokens, std::vector
     ForwardOptions o;
     o.logits = i + m == tokens.size() ? LogitRows::kLast : LogitRows::kNone;
     o.want_taps = taps_out != nullptr;
+    o.want_logits = last_logits != nullptr && i + m == tokens.size();
     ForwardResult r = model.forward(tokens.subspan(i, m), o);
+    if (o.want_logits) *last_logits = std::move(r.logits);
     if (taps_out) taps_out->insert(taps_out->end(), r.taps.begin(), r.taps.end());
     if (!r.argmax.empty()) last = r.argmax.back();
   }

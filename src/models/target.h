@@ -102,8 +102,10 @@ class TargetModel {
 };
 
 // Prefills `tokens` in chunks of max_rows; returns the argmax after the last token and, when
-// taps_out is given, appends the taps of every row ([n, n_taps * n_embd]).
-int32_t prefill(TargetModel& model, std::span<const int32_t> tokens, std::vector<float>* taps_out = nullptr);
+// taps_out is given, appends the taps of every row ([n, n_taps * n_embd]); when last_logits is
+// given, it receives the logits of the last token ([n_vocab], for sampling).
+int32_t prefill(TargetModel& model, std::span<const int32_t> tokens, std::vector<float>* taps_out = nullptr,
+                std::vector<float>* last_logits = nullptr);
 
 // Reads the hyper-parameters of a qwen35 / qwen3 file (throws naming the missing key).
 TargetConfig read_target_config(const gguf::File& file);

@@ -1,5 +1,7 @@
 #include "server/api.h"
 
+#include <random>
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -58,8 +60,6 @@ std::optional<std::string> get_string(const json& obj, const char* key) {
   return v->get<std::string>();
 }
 
-const char* unsupported_sampling = "sampling is not supported yet; use temperature 0 (greedy decoding)";
-
 // The fields both endpoints share.
 void parse_common(const json& b, CompletionRequest& r) {
   if (auto m = get_string(b, "model")) r.model = *m;
@@ -93,16 +93,24 @@ void parse_common(const json& b, CompletionRequest& r) {
       if (s.empty()) bad_request("'stop' strings must not be empty", "stop", "invalid_value");
   }
 
-  // Greedy only. temperature 0 makes the other sampling knobs irrelevant, so they are accepted with it.
-  const std::optional<double> temp = get_number(b, "temperature");
-  if (temp && *temp != 0.0) bad_request(unsupported_sampling, "temperature", "unsupported_value");
-  const bool greedy = temp.has_value();
-  if (auto p = get_number(b, "top_p"); p && *p != 1.0 && !greedy)
-    bad_request(fmt::format("top_p must be 1: {}", unsupported_sampling), "top_p", "unsupported_value");
-  if (auto k = get_int(b, "top_k"); k && *k != 0 && *k != -1 && *k != 1 && !greedy)
-    bad_request(fmt::format("top_k must be 0, -1 or 1: {}", unsupported_sampling), "top_k", "unsupported_value");
-  if (auto m = get_number(b, "min_p"); m && *m != 0.0 && !greedy)
-    bad_request(fmt::format("min_p must be 0: {}", unsupported_sampling), "min_p", "unsupported_value");
+  // Sampling. Without a temperature (or with 0) decoding is greedy, the speculative path's lossless
+  // mode; temperature > 0 samples with the other knobs (and decodes without speculation).
+  SamplingParams& sp = r.sampling;
+  if (auto t = get_number(b, "temperature")) sp.temperature = *t;
+  if (auto p = get_number(b, "top_p")) sp.top_p = *p;
+  if (auto k = get_int(b, "top_k")) sp.top_k = *k == -1 ? 0 : *k;  // -1: off, as in vLLM
+  if (auto m = get_number(b, "min_p")) sp.min_p = *m;
+  if (auto s = get_int(b, "seed"))
+    sp.seed = static_cast<uint64_t>(*s);
+  else
+    sp.seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();  // no seed: a fresh draw
+  if (const std::string err = sp.check(); !err.empty()) {
+    const char* param = err.rfind("temperature", 0) == 0 ? "temperature"
+                        : err.rfind("top_k", 0) == 0     ? "top_k"
+                        : err.rfind("top_p", 0) == 0     ? "top_p"
+                                                         : "min_p";
+    bad_request(err, param, "invalid_value");
+  }
   for (const char* key : {"frequency_penalty", "presence_penalty"})
     if (auto p = get_number(b, key); p && *p != 0.0)
       bad_request(fmt::format("'{}' is not supported (only 0)", key), key, "unsupported_value");
@@ -115,7 +123,6 @@ void parse_common(const json& b, CompletionRequest& r) {
     if (!lb->is_object()) wrong_type("logit_bias", "an object", *lb);
     if (!lb->empty()) bad_request("'logit_bias' is not supported", "logit_bias", "unsupported_value");
   }
-  (void)get_int(b, "seed");     // accepted and ignored: greedy decoding is deterministic
   (void)get_string(b, "user");  // accepted and ignored
   if (const json* rf = field(b, "response_format")) {
     if (!rf->is_object()) wrong_type("response_format", "an object", *rf);

@@ -1,9 +1,10 @@
 // The OpenAI-compatible request side of `dflash serve`: errors in OpenAI's shape, and the parsing and
 // validation of /v1/chat/completions and /v1/completions bodies into one CompletionRequest.
 //
-// Validation follows what the engine can do today: greedy decoding only (temperature 0 or absent;
-// top_p / top_k / min_p only in their greedy-neutral values unless temperature is 0), n = 1, no
-// penalties, logprobs, tools or structured output. Everything else gets a 400 naming the parameter.
+// Validation follows what the engine can do: greedy decoding (temperature 0 or absent; speculative
+// when a drafter is loaded) or sampling (temperature in (0, 2] with top_k, top_p, min_p, seed; plain
+// decoding), n = 1, no penalties, logprobs, tools or structured output. Everything else gets a 400
+// naming the parameter.
 // Unknown fields are ignored (clients send extras); known fields of the wrong type are a 400.
 #pragma once
 
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "spec/sampler.h"
 #include "text/chat.h"
 
 namespace dflash::server {
@@ -51,6 +53,7 @@ struct CompletionRequest {
   bool include_usage = false;           // stream_options.include_usage
   std::optional<int64_t> max_tokens;    // max_completion_tokens, else max_tokens; nullopt = up to the context
   std::vector<std::string> stop;        // stop strings (non-empty)
+  SamplingParams sampling;              // temperature 0 (the default): greedy
   // chat
   std::vector<text::ChatMessage> messages;
   text::ChatOptions chat;

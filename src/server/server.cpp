@@ -478,6 +478,7 @@ struct Server::Impl {
     go.stop_tokens = model.stop_ids;
     go.speculative = model.speculative;
     if (model.speculative) go.block = model.block;
+    go.sampling = r.sampling;
 
     text::StreamDecoder dec(*model.tok, /*special=*/false);
     StopMatcher stops(r.stop);

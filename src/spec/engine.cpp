@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
+#include <string>
 
 #include "models/dflash_drafter.h"
 #include "util/error.h"
@@ -28,7 +30,7 @@ void Engine::reset() {
   cached_.clear();
 }
 
-int32_t Engine::prepare(std::span<const int32_t> prompt, GenerateStats& st, bool want_taps) {
+int32_t Engine::prepare(std::span<const int32_t> prompt, GenerateStats& st, bool want_taps, Sampler* sampler) {
   DFLASH_CHECK(!prompt.empty(), "the prompt is empty");
   DFLASH_CHECK(static_cast<int64_t>(prompt.size()) < target_.n_ctx(),
                "the prompt has {} tokens; the context holds {} (prompt + generated tokens)", prompt.size(),
@@ -45,7 +47,10 @@ int32_t Engine::prepare(std::span<const int32_t> prompt, GenerateStats& st, bool
   st.reused_tokens = static_cast<int64_t>(cached_.size());
   const auto t0 = std::chrono::steady_clock::now();
   prompt_taps_.clear();
-  const int32_t first = prefill(target_, prompt.subspan(cached_.size()), want_taps ? &prompt_taps_ : nullptr);
+  std::vector<float> logits;
+  int32_t first = prefill(target_, prompt.subspan(cached_.size()), want_taps ? &prompt_taps_ : nullptr,
+                          sampler ? &logits : nullptr);
+  if (sampler) first = sampler->sample(logits);
   if (want_taps) drafter_->append_context(prompt_taps_, static_cast<int64_t>(prompt.size() - cached_.size()));
   st.prefill_seconds = seconds_since(t0);
   cached_.assign(prompt.begin(), prompt.end());
@@ -55,20 +60,25 @@ int32_t Engine::prepare(std::span<const int32_t> prompt, GenerateStats& st, bool
 GenerateStats Engine::generate(std::span<const int32_t> prompt, const GenerateOptions& opts,
                                const TokenCallback& on_token) {
   DFLASH_CHECK(opts.max_tokens >= 1, "max_tokens must be at least 1, got {}", opts.max_tokens);
+  const std::string bad = opts.sampling.check();
+  DFLASH_CHECK(bad.empty(), "sampling: {}", bad);
   GenerateStats st;
-  const bool spec = opts.speculative && drafter_ != nullptr;
-  const int32_t anchor = prepare(prompt, st, spec);
+  std::optional<Sampler> sampler;
+  if (!opts.sampling.greedy()) sampler.emplace(opts.sampling);
+  const bool spec = opts.speculative && drafter_ != nullptr && !sampler;
+  const int32_t anchor = prepare(prompt, st, spec, sampler ? &*sampler : nullptr);
   const auto t0 = std::chrono::steady_clock::now();
   if (spec)
     generate_speculative(anchor, opts, on_token, st);
   else
-    generate_plain(anchor, opts, on_token, st);
+    generate_plain(anchor, opts, on_token, st, sampler ? &*sampler : nullptr);
   st.decode_seconds = seconds_since(t0);
   return st;
 }
 
-// Plain greedy decode: yield the anchor, feed it, take the argmax, repeat.
-void Engine::generate_plain(int32_t token, const GenerateOptions& opts, const TokenCallback& cb, GenerateStats& st) {
+// Plain decode: yield the anchor, feed it, take the argmax (or a draw), repeat.
+void Engine::generate_plain(int32_t token, const GenerateOptions& opts, const TokenCallback& cb, GenerateStats& st,
+                            Sampler* sampler) {
   for (;;) {
     ++st.generated;
     const bool stop = is_stop(opts, token);
@@ -81,9 +91,10 @@ void Engine::generate_plain(int32_t token, const GenerateOptions& opts, const To
     const int32_t in[1] = {token};
     ForwardOptions fo;
     fo.logits = LogitRows::kLast;
+    fo.want_logits = sampler != nullptr;
     const ForwardResult r = target_.forward(in, fo);
     cached_.push_back(token);
-    token = r.argmax.back();
+    token = sampler ? sampler->sample(r.logits) : r.argmax.back();
   }
 }
 

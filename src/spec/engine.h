@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "models/target.h"
+#include "spec/sampler.h"
 
 namespace dflash {
 
@@ -23,6 +24,9 @@ struct GenerateOptions {
   std::vector<int32_t> stop_tokens;    // end-of-generation ids (the stop token is yielded, then we stop)
   bool speculative = true;             // use the drafter when one is attached
   int64_t block = 8;                   // verify width B (2..8): B-1 drafted tokens per cycle
+  // temperature > 0 samples (plain decoding: speculation is lossless for greedy decoding only, so it
+  // is skipped); temperature 0, the default, is greedy.
+  SamplingParams sampling;
 };
 
 struct GenerateStats {
@@ -66,9 +70,11 @@ class Engine {
   const std::vector<int32_t>& cached_tokens() const { return cached_; }
 
  private:
-  // Brings the caches to `prompt` (reuse or reset + prefill); returns the first generated token.
-  int32_t prepare(std::span<const int32_t> prompt, GenerateStats& stats, bool want_taps);
-  void generate_plain(int32_t anchor, const GenerateOptions& opts, const TokenCallback& cb, GenerateStats& st);
+  // Brings the caches to `prompt` (reuse or reset + prefill); returns the first generated token (the
+  // argmax, or a draw from `sampler` when given).
+  int32_t prepare(std::span<const int32_t> prompt, GenerateStats& stats, bool want_taps, Sampler* sampler);
+  void generate_plain(int32_t anchor, const GenerateOptions& opts, const TokenCallback& cb, GenerateStats& st,
+                      Sampler* sampler);
   void generate_speculative(int32_t anchor, const GenerateOptions& opts, const TokenCallback& cb,
                             GenerateStats& st);
 

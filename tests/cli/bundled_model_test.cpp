@@ -55,6 +55,22 @@ TEST_F(BundledModel, SpeculativeEqualsPlain) {
   }
 }
 
+// --temp samples (plain decoding, reported as such); the same seed gives the same tokens, another seed
+// others; a temperature out of range is a usage error.
+TEST_F(BundledModel, SampledRunsAreReproducibleBySeed) {
+  const std::string base = "--raw -p 'def add(a, b):' -n 32 --temp 0.9 --top-p 0.95";
+  const auto a = tokens(base + " --seed 7");
+  ASSERT_EQ(a.size(), 32u);
+  EXPECT_EQ(tokens(base + " --seed 7"), a);
+  EXPECT_NE(tokens(base + " --seed 8"), a);
+  const auto r = run("run " + base + " --seed 7 --json -t 2", "DFLASH_MODELS_DIR=" + shell_quote(kModels.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j.contains("sampling"));
+  EXPECT_FALSE(j.contains("speculative"));  // the bundled drafter is not used for sampled decoding
+  EXPECT_EQ(run("run -p x --temp 3", "DFLASH_MODELS_DIR=" + shell_quote(kModels.string())).code, 2);
+}
+
 // PTQ1_0 and PQ2_0 hold the same ternary values; the GDN gates stay BF16. Same greedy output.
 TEST_F(BundledModel, QuantizeToPq20IsLossless) {
   const std::string out = path("pq2.gguf").string();

@@ -125,7 +125,7 @@ TEST(Concurrency, SixteenStreamingClients) {
   }());
 
   const std::vector<std::string> bad_bodies = {
-      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"temperature\": 0.7, \"stream\": true}",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"temperature\": 9, \"stream\": true}",
       "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"stream\": \"yes\"}",
       "{this is not json",
       "{\"messages\": 7}",

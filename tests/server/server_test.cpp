@@ -216,7 +216,7 @@ TEST(Server, BadRequestsGetOpenAIErrors) {
       {"/v1/chat/completions", R"({"model": "x"})", 400, "messages"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": "9"})", 400,
        "max_tokens"},
-      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "temperature": 0.7})", 400,
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "temperature": 2.5})", 400,
        "temperature"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "n": 3})", 400, "n"},
       {"/v1/completions", R"({"prompt": 12})", 400, "prompt"},
@@ -238,9 +238,9 @@ TEST(Server, BadRequestsGetOpenAIErrors) {
       EXPECT_EQ(j["error"]["param"], k.param) << r->body;
     }
   }
-  auto t = c->Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "temperature": 0.7})",
+  auto t = c->Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}], "temperature": 2.5})",
                    "application/json");
-  EXPECT_NE(t->body.find("use temperature 0"), std::string::npos) << t->body;
+  EXPECT_NE(t->body.find("temperature must be in [0, 2]"), std::string::npos) << t->body;
   // Unknown routes: 404 with a JSON error too.
   auto nf = c->Get("/v2/nothing");
   ASSERT_TRUE(nf);

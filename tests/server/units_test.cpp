@@ -290,9 +290,13 @@ TEST(Api, RejectsWhatCannotBeServed) {
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0})", "max_tokens"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5})", "max_tokens"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stream": "yes"})", "stream"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "temperature": 0.7})", "temperature"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "temperature": 2.5})", "temperature"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "temperature": -0.1})", "temperature"},
       {R"({"messages": [{"role": "user", "content": "x"}], "temperature": "0"})", "temperature"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "top_p": 0.5})", "top_p"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_p": 0})", "top_p"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_p": 1.5})", "top_p"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_k": -2})", "top_k"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "min_p": 1})", "min_p"},
       {R"({"messages": [{"role": "user", "content": "x"}], "n": 2})", "n"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stop": 5})", "stop"},
       {R"({"messages": [{"role": "user", "content": "x"}], "stop": [""]})", "stop"},
@@ -310,7 +314,24 @@ TEST(Api, RejectsWhatCannotBeServed) {
     EXPECT_EQ(e.type, "invalid_request_error");
   }
   const ApiError t = error_of([&] { parse_chat_request(json::parse(cases[13].body)); });
-  EXPECT_NE(t.message.find("use temperature 0"), std::string::npos) << t.message;
+  EXPECT_NE(t.message.find("temperature must be in [0, 2], got 2.5"), std::string::npos) << t.message;
+}
+
+TEST(Api, SamplingParameters) {
+  // No temperature: greedy. With one: the knobs as given (top_k -1 means off, as in vLLM), the seed kept.
+  const CompletionRequest g = parse_chat_request(json::parse(R"({"messages": [{"role": "user", "content": "x"}]})"));
+  EXPECT_TRUE(g.sampling.greedy());
+  const CompletionRequest s = parse_chat_request(json::parse(
+      R"({"messages": [{"role": "user", "content": "x"}], "temperature": 0.7, "top_p": 0.9, "top_k": -1,
+          "min_p": 0.05, "seed": 42})"));
+  EXPECT_FALSE(s.sampling.greedy());
+  EXPECT_DOUBLE_EQ(s.sampling.temperature, 0.7);
+  EXPECT_DOUBLE_EQ(s.sampling.top_p, 0.9);
+  EXPECT_EQ(s.sampling.top_k, 0);
+  EXPECT_DOUBLE_EQ(s.sampling.min_p, 0.05);
+  EXPECT_EQ(s.sampling.seed, 42u);
+  const CompletionRequest k = parse_completion_request(json::parse(R"({"prompt": "x", "temperature": 1, "top_k": 40})"));
+  EXPECT_EQ(k.sampling.top_k, 40);
 }
 
 TEST(Api, CompletionPrompts) {
