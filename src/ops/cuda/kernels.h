@@ -16,7 +16,7 @@ namespace dflash::cuda {
 // How a weight lives on the device.
 enum class Layout : int {
   kBlocks = 0,      // the file's blocks, rows `row_stride` bytes apart (row_stride >= the file's row bytes)
-  kPlanar2 = 2,     // 2-bit codes (value = (code - 1) * d): codes [out][in/4] bytes in the lane-interleaved
+  kPlanar2 = 2,     // (DFLASH_CUDA_TERNARY_MMA=0, round 1) 2-bit codes, value (code - 1) * d: codes [out][in/4] in the lane-interleaved
                     // order of matmul.cu (mm_planar2), then fp16 scales [out][in/128]
   kTernaryMma = 1,  // ternary 2-bit codes (value = (code - 1) * d) in the tensor-core fragment order of
                     // matmul_ternary.cu: codes [Np/16][in/128][16][32 B], fp16 scales [Np/16][in/128][16]

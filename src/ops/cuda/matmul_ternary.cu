@@ -35,7 +35,8 @@
 // takes blocks b_lo + w, + 4, ... of it in order; the 4 warp sums are added in warp order; with a
 // k split over CTAs (ks > 1, a function of the weight's shape and the GPU) the ks partial sums are
 // added in split order by the CTA that finishes last. Each warp streams its blocks through a
-// 4-stage cp.async ring in shared memory, so three blocks' loads are in flight while one computes.
+// cp.async ring in shared memory (4 stages up to 4 activation rows, 2 beyond), so the next blocks' loads
+// are in flight while one computes.
 #include <algorithm>
 
 #include "ops/cuda/common.cuh"
