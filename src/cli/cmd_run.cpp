@@ -1,5 +1,5 @@
-// `dflash run`: generation from a prompt: greedy, plain or speculative (when a drafter is given), or
-// sampled with --temp > 0 (plain decoding; --top-k, --top-p, --min-p, --seed).
+// `dflash run`: generation from a prompt, plain or speculative (when a drafter is given): greedy, or
+// sampled with --temp > 0 (--top-k, --top-p, --min-p, --seed).
 //
 //   dflash run [-m TARGET] -p PROMPT [-n N] [--raw] [--system S] [--no-think] [--json]
 //   dflash run -m TARGET --tokens 1,2,3 [-n N] [--json]         (token ids in, ids out)
@@ -61,7 +61,7 @@ struct RunArgs {
   std::string dump_logits;  // --dump-logits PATH (the HF oracle, tools/oracle_transformers.py)
   bool chat = false;        // --chat: multi-turn REPL on stdin
   bool stats = false;       // --stats: acceptance / timing summary on stderr
-  SamplingParams sampling;  // --temp > 0: sampled plain decoding (no speculation)
+  SamplingParams sampling;  // --temp > 0: sampled decoding (speculative sampling with a drafter)
   std::optional<uint64_t> seed;  // --seed; without it a fresh one each run
 };
 
@@ -334,7 +334,7 @@ void run(RunArgs a) {
       j["sampling"] = {{"temperature", a.sampling.temperature}, {"top_k", a.sampling.top_k},
                        {"top_p", a.sampling.top_p},             {"min_p", a.sampling.min_p},
                        {"seed", a.sampling.seed}};
-    if (drafter && a.sampling.greedy()) {
+    if (drafter) {
       std::vector<double> rate;
       for (size_t i = 0; i < st.drafted_at.size(); ++i) rate.push_back(st.acceptance_rate_at(i));
       j["speculative"] = {{"drafter", drafter_path},
@@ -356,15 +356,15 @@ void run(RunArgs a) {
                st.prompt_tokens, pp_tps, st.generated, gen_tps,
                st.stopped_by_token ? "stopped at end of turn" : st.context_full ? "context full" : "max tokens");
     if (!a.sampling.greedy())
-      fmt::print(stderr, "[sampled: temperature {}, top-k {}, top-p {}, min-p {}, seed {}; no speculation]\n",
-                 a.sampling.temperature, a.sampling.top_k, a.sampling.top_p, a.sampling.min_p, a.sampling.seed);
-    else if (drafter)
+      fmt::print(stderr, "[sampled: temperature {}, top-k {}, top-p {}, min-p {}, seed {}]\n", a.sampling.temperature,
+                 a.sampling.top_k, a.sampling.top_p, a.sampling.min_p, a.sampling.seed);
+    if (drafter)
       fmt::print(stderr, "[speculative, block {}: {} cycles, {:.2f} tokens per cycle, {}/{} drafts accepted; "
                  "draft {:.3f} s, verify {:.3f} s, other {:.3f} s]\n",
                  a.block, st.cycles, st.acceptance_length(), st.accepted, st.drafted, st.draft_seconds,
                  st.verify_seconds, st.other_seconds);
   }
-  if (a.stats) print_stats(st, drafter != nullptr && a.sampling.greedy());
+  if (a.stats) print_stats(st, drafter != nullptr);
 }
 
 }  // namespace
@@ -387,7 +387,7 @@ void register_run(CLI::App& app) {
   cmd->add_option("-d,--drafter", a->drafter, "DFlash drafter GGUF: speculative decoding (same output, faster)");
   cmd->add_flag("--no-spec", a->no_spec, "plain decoding even with a drafter");
   cmd->add_option("--temp", a->sampling.temperature,
-                  "sampling temperature (default 0: greedy; > 0 samples and decodes without speculation)")
+                  "sampling temperature (default 0: greedy; > 0 samples, speculative sampling with a drafter)")
       ->check(CLI::Range(0.0, 2.0));
   cmd->add_option("--top-k", a->sampling.top_k, "sample from the k most likely tokens (0: off)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));

@@ -93,8 +93,8 @@ void parse_common(const json& b, CompletionRequest& r) {
       if (s.empty()) bad_request("'stop' strings must not be empty", "stop", "invalid_value");
   }
 
-  // Sampling. Without a temperature (or with 0) decoding is greedy, the speculative path's lossless
-  // mode; temperature > 0 samples with the other knobs (and decodes without speculation).
+  // Sampling. Without a temperature (or with 0) decoding is greedy; temperature > 0 samples with the
+  // other knobs (speculative sampling when a drafter is loaded).
   SamplingParams& sp = r.sampling;
   if (auto t = get_number(b, "temperature")) sp.temperature = *t;
   if (auto p = get_number(b, "top_p")) sp.top_p = *p;

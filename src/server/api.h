@@ -1,9 +1,9 @@
 // The OpenAI-compatible request side of `dflash serve`: errors in OpenAI's shape, and the parsing and
 // validation of /v1/chat/completions and /v1/completions bodies into one CompletionRequest.
 //
-// Validation follows what the engine can do: greedy decoding (temperature 0 or absent; speculative
-// when a drafter is loaded) or sampling (temperature in (0, 2] with top_k, top_p, min_p, seed; plain
-// decoding), n = 1, no penalties, logprobs, tools or structured output. Everything else gets a 400
+// Validation follows what the engine can do: greedy decoding (temperature 0 or absent) or sampling
+// (temperature in (0, 2] with top_k, top_p, min_p, seed), speculative when a drafter is loaded;
+// n = 1, no penalties, logprobs, tools or structured output. Everything else gets a 400
 // naming the parameter.
 // Unknown fields are ignored (clients send extras); known fields of the wrong type are a 400.
 #pragma once

@@ -65,11 +65,11 @@ GenerateStats Engine::generate(std::span<const int32_t> prompt, const GenerateOp
   GenerateStats st;
   std::optional<Sampler> sampler;
   if (!opts.sampling.greedy()) sampler.emplace(opts.sampling);
-  const bool spec = opts.speculative && drafter_ != nullptr && !sampler;
+  const bool spec = opts.speculative && drafter_ != nullptr;
   const int32_t anchor = prepare(prompt, st, spec, sampler ? &*sampler : nullptr);
   const auto t0 = std::chrono::steady_clock::now();
   if (spec)
-    generate_speculative(anchor, opts, on_token, st);
+    generate_speculative(anchor, opts, on_token, st, sampler ? &*sampler : nullptr);
   else
     generate_plain(anchor, opts, on_token, st, sampler ? &*sampler : nullptr);
   st.decode_seconds = seconds_since(t0);

@@ -24,8 +24,9 @@ struct GenerateOptions {
   std::vector<int32_t> stop_tokens;    // end-of-generation ids (the stop token is yielded, then we stop)
   bool speculative = true;             // use the drafter when one is attached
   int64_t block = 8;                   // verify width B (2..8): B-1 drafted tokens per cycle
-  // temperature > 0 samples (plain decoding: speculation is lossless for greedy decoding only, so it
-  // is skipped); temperature 0, the default, is greedy.
+  // temperature 0 (the default) is greedy: speculative output == plain output token for token.
+  // temperature > 0 samples; speculative sampling then accepts a draft with the target's probability
+  // of it, so its output is distributed as plain sampling's (the same seed gives other tokens).
   SamplingParams sampling;
 };
 
@@ -76,7 +77,7 @@ class Engine {
   void generate_plain(int32_t anchor, const GenerateOptions& opts, const TokenCallback& cb, GenerateStats& st,
                       Sampler* sampler);
   void generate_speculative(int32_t anchor, const GenerateOptions& opts, const TokenCallback& cb,
-                            GenerateStats& st);
+                            GenerateStats& st, Sampler* sampler);
 
   TargetModel& target_;
   Drafter* drafter_;

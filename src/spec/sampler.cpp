@@ -23,6 +23,32 @@ Sampler::Sampler(const SamplingParams& params) : p_(params), rng_(params.seed) {
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
+  const int32_t best = filter(logits);
+  if (p_.greedy()) return best;
+  return draw(-1);
+}
+
+double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
+double Sampler::probability(std::span<const float> logits, int32_t token) {
+  const int32_t best = filter(logits);
+  if (p_.greedy()) return token == best ? 1.0 : 0.0;
+  double total = 0.0, mass = 0.0;
+  for (const auto& c : cand_) {
+    const double w = std::exp((static_cast<double>(c.first) - lmax_) * inv_t_);
+    total += w;
+    if (c.second == token) mass = w;
+  }
+  return mass / total;
+}
+
+int32_t Sampler::sample_excluding(std::span<const float> logits, int32_t excluded) {
+  const int32_t best = filter(logits);
+  if (p_.greedy()) return best;
+  return draw(excluded);
+}
+
+int32_t Sampler::filter(std::span<const float> logits) {
   DFLASH_CHECK(!logits.empty(), "sampling: empty logits");
   const int64_t n = static_cast<int64_t>(logits.size());
   int64_t best = 0;
@@ -33,6 +59,8 @@ int32_t Sampler::sample(std::span<const float> logits) {
   // Candidates, most likely first. Only as many are sorted as the filters can keep: top_k, or for
   // top-p a prefix that grows until its mass reaches p (the mass of everything is known up front).
   const double inv_t = 1.0 / p_.temperature, lmax = logits[best];
+  inv_t_ = inv_t;
+  lmax_ = lmax;
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i) total += std::exp((static_cast<double>(logits[i]) - lmax) * inv_t);
   cand_.resize(static_cast<size_t>(n));
@@ -75,17 +103,27 @@ int32_t Sampler::sample(std::span<const float> logits) {
                                [&](const auto& c) { return (static_cast<double>(c.first) - lmax) * inv_t < cut; }),
                 cand_.end());
   }
-  // One draw over what is left, in the order the filters left it (deterministic for given logits,
-  // so the seed fixes the result; no full sort of the vocabulary when no filter is on).
+  return static_cast<int32_t>(best);
+}
+
+// One draw over the filtered candidates (without `excluded`), in the order the filters left them
+// (deterministic for given logits, so the seed fixes the result; no full sort of the vocabulary when
+// no filter is on).
+int32_t Sampler::draw(int32_t excluded) {
   double left = 0.0;
-  for (const auto& c : cand_) left += std::exp((static_cast<double>(c.first) - lmax) * inv_t);
+  for (const auto& c : cand_)
+    if (c.second != excluded) left += std::exp((static_cast<double>(c.first) - lmax_) * inv_t_);
+  if (!(left > 0.0)) return excluded;  // `excluded` held all the mass (it is never rejected then)
   const double u = std::uniform_real_distribution<double>(0.0, left)(rng_);
   double acc = 0.0;
+  int32_t last = excluded;
   for (const auto& c : cand_) {
-    acc += std::exp((static_cast<double>(c.first) - lmax) * inv_t);
+    if (c.second == excluded) continue;
+    acc += std::exp((static_cast<double>(c.first) - lmax_) * inv_t_);
+    last = c.second;
     if (u < acc) return c.second;
   }
-  return cand_.back().second;  // u == left after rounding
+  return last;  // u == left after rounding
 }
 
 }  // namespace dflash

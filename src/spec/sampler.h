@@ -1,4 +1,5 @@
-// Sampling for temperature > 0 (plain decoding; speculation is greedy-only, SPEC 5).
+// Sampling for temperature > 0, plain or speculative (the accept rule below keeps the output
+// distributed as plain sampling's).
 //
 // Order of the filters, as llama.cpp and vLLM apply them: top-k on the logits, then the tempered
 // softmax, then top-p (the smallest set of the most likely tokens whose mass reaches p), then min-p
@@ -33,10 +34,21 @@ class Sampler {
   // One token drawn from `logits` (one row over the vocabulary). Greedy params: the argmax.
   int32_t sample(std::span<const float> logits);
 
+  // Speculative sampling with a deterministic draft (SPEC 5, Leviathan et al.): a drafted token d is
+  // accepted with probability p(d) under the filtered, tempered target distribution, and a rejected
+  // position draws from p without d, renormalised. The output is distributed as plain sampling's.
+  double probability(std::span<const float> logits, int32_t token);    // p(token), 0 if filtered out
+  int32_t sample_excluding(std::span<const float> logits, int32_t excluded);
+  double uniform();  // U[0, 1) from the same generator
+
  private:
+  int32_t filter(std::span<const float> logits);  // fills cand_ (sampling); returns the argmax
+  int32_t draw(int32_t excluded);                  // one draw over cand_ without `excluded` (-1: none)
+
   SamplingParams p_;
   std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> cand_;  // (logit, id), reused between calls
+  std::vector<std::pair<float, int32_t>> cand_;  // (logit, id) kept by the filters, reused between calls
+  double inv_t_ = 1.0, lmax_ = 0.0;              // of the last filter()
 };
 
 }  // namespace dflash

@@ -11,8 +11,15 @@
 //           their taps; the next anchor is the last yielded token at P + n.
 // The target's multi-row forward gives every row the bits of a one-row forward (SPEC 5.5), so the
 // accepted tokens are the plain decode's tokens exactly, not up to ties.
+//
+// Sampling (temperature > 0): the draft is deterministic, so d_i is accepted with probability
+// p_{i-1}(d_i) under row i-1's filtered, tempered distribution; at the first rejection the bonus is
+// drawn from p_{i-1} without d_i (renormalised), else from p_{w-1}. This is speculative sampling
+// (Leviathan et al. 2023, Chen et al. 2023) with a point-mass proposal: each yielded token is
+// distributed as plain sampling's.
 #include <algorithm>
 #include <chrono>
+#include <span>
 
 #include "models/dflash_drafter.h"
 #include "spec/engine.h"
@@ -32,7 +39,7 @@ bool is_stop_token(const GenerateOptions& o, int32_t t) {
 }  // namespace
 
 void Engine::generate_speculative(int32_t anchor, const GenerateOptions& opts, const TokenCallback& cb,
-                                  GenerateStats& st) {
+                                  GenerateStats& st, Sampler* sampler) {
   Drafter& dr = *drafter_;
   const int64_t B = opts.block;
   DFLASH_CHECK(B >= 2 && B <= dr.block_size(),
@@ -56,6 +63,7 @@ void Engine::generate_speculative(int32_t anchor, const GenerateOptions& opts, c
     fo.logits = LogitRows::kAll;
     fo.want_taps = true;
     fo.undoable = true;
+    fo.want_logits = sampler != nullptr;
     std::vector<int32_t> block;
     block.reserve(static_cast<size_t>(B));
     for (;;) {
@@ -83,7 +91,22 @@ void Engine::generate_speculative(int32_t anchor, const GenerateOptions& opts, c
                    r.argmax.size(), w);
 
       int64_t k = 0;
-      while (k < w - 1 && block[k + 1] == r.argmax[k]) ++k;
+      int32_t bonus = -1;
+      if (!sampler) {
+        while (k < w - 1 && block[k + 1] == r.argmax[k]) ++k;
+        bonus = r.argmax[k];
+      } else {
+        const size_t V = r.logits.size() / static_cast<size_t>(w);
+        auto row = [&](int64_t i) { return std::span<const float>(r.logits.data() + V * i, V); };
+        for (; k < w - 1; ++k) {
+          const double p = sampler->probability(row(k), block[k + 1]);
+          if (!(sampler->uniform() < p)) {
+            bonus = sampler->sample_excluding(row(k), block[k + 1]);
+            break;
+          }
+        }
+        if (bonus < 0) bonus = sampler->sample(row(k));
+      }
       ++st.cycles;
       st.drafted += w - 1;
       st.accepted += k;
@@ -95,7 +118,7 @@ void Engine::generate_speculative(int32_t anchor, const GenerateOptions& opts, c
       int64_t n = 0;
       bool more = true;
       for (int64_t j = 0; j <= k && more; ++j) {
-        const int32_t t = j < k ? block[j + 1] : r.argmax[k];
+        const int32_t t = j < k ? block[j + 1] : bonus;
         cached_.push_back(block[j]);
         ++n;
         anchor = t;

@@ -55,8 +55,9 @@ TEST_F(BundledModel, SpeculativeEqualsPlain) {
   }
 }
 
-// --temp samples (plain decoding, reported as such); the same seed gives the same tokens, another seed
-// others; a temperature out of range is a usage error.
+// --temp samples (with the bundled drafter: speculative sampling, reported as such); the same seed gives
+// the same tokens, another seed others; a temperature out of range is a usage error.
+// (tests/spec/sampler_test.cpp checks that speculative sampling keeps the distribution.)
 TEST_F(BundledModel, SampledRunsAreReproducibleBySeed) {
   const std::string base = "--raw -p 'def add(a, b):' -n 32 --temp 0.9 --top-p 0.95";
   const auto a = tokens(base + " --seed 7");
@@ -67,7 +68,7 @@ TEST_F(BundledModel, SampledRunsAreReproducibleBySeed) {
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_TRUE(j.contains("sampling"));
-  EXPECT_FALSE(j.contains("speculative"));  // the bundled drafter is not used for sampled decoding
+  EXPECT_TRUE(j.contains("speculative"));  // the bundled drafter is used for sampled decoding too
   EXPECT_EQ(run("run -p x --temp 3", "DFLASH_MODELS_DIR=" + shell_quote(kModels.string())).code, 2);
 }
 
