@@ -30,9 +30,7 @@ int32_t Sampler::sample(std::span<const float> logits) {
 
 double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
 
-double Sampler::probability(std::span<const float> logits, int32_t token) {
-  const int32_t best = filter(logits);
-  if (p_.greedy()) return token == best ? 1.0 : 0.0;
+double Sampler::mass_of(int32_t token) const {
   double total = 0.0, mass = 0.0;
   for (const auto& c : cand_) {
     const double w = std::exp((static_cast<double>(c.first) - lmax_) * inv_t_);
@@ -40,6 +38,23 @@ double Sampler::probability(std::span<const float> logits, int32_t token) {
     if (c.second == token) mass = w;
   }
   return mass / total;
+}
+
+double Sampler::probability(std::span<const float> logits, int32_t token) {
+  const int32_t best = filter(logits);
+  if (p_.greedy()) return token == best ? 1.0 : 0.0;
+  return mass_of(token);
+}
+
+bool Sampler::accept_draft(std::span<const float> logits, int32_t draft, int32_t* replacement) {
+  const int32_t best = filter(logits);
+  if (p_.greedy()) {
+    *replacement = best;
+    return draft == best;
+  }
+  if (uniform() < mass_of(draft)) return true;
+  *replacement = draw(draft);
+  return false;
 }
 
 int32_t Sampler::sample_excluding(std::span<const float> logits, int32_t excluded) {

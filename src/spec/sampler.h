@@ -40,10 +40,15 @@ class Sampler {
   double probability(std::span<const float> logits, int32_t token);    // p(token), 0 if filtered out
   int32_t sample_excluding(std::span<const float> logits, int32_t excluded);
   double uniform();  // U[0, 1) from the same generator
+  // Both steps on one row, filtering it once: true when `draft` is accepted (u < p(draft)); else
+  // *replacement = a draw from p without `draft`. Same draws as uniform() < probability() followed
+  // by sample_excluding().
+  bool accept_draft(std::span<const float> logits, int32_t draft, int32_t* replacement);
 
  private:
   int32_t filter(std::span<const float> logits);  // fills cand_ (sampling); returns the argmax
   int32_t draw(int32_t excluded);                  // one draw over cand_ without `excluded` (-1: none)
+  double mass_of(int32_t token) const;             // p(token) over cand_ (after filter())
 
   SamplingParams p_;
   std::mt19937_64 rng_;

@@ -98,13 +98,8 @@ void Engine::generate_speculative(int32_t anchor, const GenerateOptions& opts, c
       } else {
         const size_t V = r.logits.size() / static_cast<size_t>(w);
         auto row = [&](int64_t i) { return std::span<const float>(r.logits.data() + V * i, V); };
-        for (; k < w - 1; ++k) {
-          const double p = sampler->probability(row(k), block[k + 1]);
-          if (!(sampler->uniform() < p)) {
-            bonus = sampler->sample_excluding(row(k), block[k + 1]);
-            break;
-          }
-        }
+        for (; k < w - 1; ++k)
+          if (!sampler->accept_draft(row(k), block[k + 1], &bonus)) break;
         if (bonus < 0) bonus = sampler->sample(row(k));
       }
       ++st.cycles;
