@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <thread>
 
@@ -76,10 +77,23 @@ void matmul_case(GgmlType t, int64_t in, int64_t out, const std::vector<int64_t>
   }
 }
 
+// out = 96 takes the small-output (k-split) kernel, out = 600 the warp-per-rows one (matmul.cu).
 TEST(CudaMatmul, AllTypesSmall) {
   REQUIRE_GPU();
   uint32_t seed = 1;
   for (GgmlType t : kAllTypes) matmul_case(t, 512, 96, {1, 3, 8, 13}, seed++);
+  for (GgmlType t : kAllTypes) matmul_case(t, 512, 600, {1, 3, 8}, seed++);
+}
+
+// The small-output kernel's k split: K with a partial last 256-chunk (1000), more chunks than warps
+// and not a multiple of them (2056: 9 chunks, 2304: 9 full chunks), an odd out (2 outputs per CTA
+// from 3 rows on: the last CTA's second row is past N).
+TEST(CudaMatmul, SmallOutSplitK) {
+  REQUIRE_GPU();
+  uint32_t seed = 40;
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16})
+    for (int64_t in : {1000, 2056}) matmul_case(t, in, 37, {1, 2, 3, 9}, seed++);
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::TQ1_0}) matmul_case(t, 2304, 37, {1, 4, 9}, seed++);
 }
 
 TEST(CudaMatmul, PlainTypesOddK) {
@@ -105,127 +119,51 @@ TEST(CudaMatmul, Bonsai27BShapes) {
   uint32_t seed = 100;
   for (GgmlType t : {GgmlType::PTQ1_0, GgmlType::PQ2_0, GgmlType::Q4_K, GgmlType::Q6_K})
     for (const S& s : shapes) matmul_case(t, s.in, s.out, {1, 8}, seed++);
-  matmul_case(GgmlType::BF16, 5120, 48, {1, 8}, seed++);   // ssm_alpha / ssm_beta
+  matmul_case(GgmlType::BF16, 5120, 48, {1, 2, 8}, seed++);   // ssm_alpha / ssm_beta
   matmul_case(GgmlType::F32, 5120, 1024, {1, 8}, seed++);
   matmul_case(GgmlType::F16, 5120, 1024, {1, 8}, seed++);
   matmul_case(GgmlType::PTQ1_0, 5120, 248320, {1}, seed++);  // lm_head
 }
 
 // Lossless on the GPU: each row of an M-row matmul equals the 1-row matmul of that row, bit for bit.
+void rows_identical_case(GgmlType t, int64_t in, int64_t out, const std::vector<int64_t>& Ms, uint32_t seed) {
+  const HostWeight hw = make_weight(t, in, out, seed);
+  const WeightRef w = gpu().upload_weight(hw.bytes.data(), t, in, out);
+  std::mt19937 rng(seed + 1);
+  bool all_same = true;
+  std::string where, ms;
+  for (int64_t M : Ms) {
+    ms += fmt::format("{}{}", ms.empty() ? "" : ",", M);
+    const auto x = randn_vec(rng, M * in);
+    Buf<float> xm(gpu(), x), ym(gpu(), M * out);
+    gpu().matmul(w, xm, ym, M);
+    const auto multi = ym.get();
+    for (int64_t m = 0; m < M; ++m) {
+      Buf<float> x1(gpu(), std::vector<float>(x.begin() + m * in, x.begin() + (m + 1) * in)), y1(gpu(), out);
+      gpu().matmul(w, x1, y1, 1);
+      const auto one = y1.get();
+      if (std::memcmp(one.data(), multi.data() + m * out, out * 4) != 0) {
+        all_same = false;
+        where += fmt::format(" M={},row={}", M, m);
+      }
+    }
+  }
+  record({std::string("matmul M-row==1-row ") + type_name(t), fmt::format("M in {{{}}}, {}x{}", ms, in, out), 0, 0,
+          0, all_same, all_same ? std::string("memcmp equal") : fmt::format("differs at{}", where)});
+  EXPECT_TRUE(all_same) << type_name(t) << " " << in << "x" << out << where;
+}
+
+// out = 200: the small-output (k-split) kernel; out = 600: the warp-per-rows one.
 TEST(CudaMatmul, RowsBitIdenticalToSingleRows) {
   REQUIRE_GPU();
   uint32_t seed = 500;
   for (GgmlType t : kAllTypes) {
-    const int64_t in = 1024, out = 200;
-    const HostWeight hw = make_weight(t, in, out, seed++);
-    const WeightRef w = gpu().upload_weight(hw.bytes.data(), t, in, out);
-    std::mt19937 rng(seed);
-    bool all_same = true;
-    std::string where;
-    for (int64_t M : {2, 5, 8, 13, 64}) {
-      const auto x = randn_vec(rng, M * in);
-      Buf<float> xm(gpu(), x), ym(gpu(), M * out);
-      gpu().matmul(w, xm, ym, M);
-      const auto multi = ym.get();
-      for (int64_t m = 0; m < M; ++m) {
-        Buf<float> x1(gpu(), std::vector<float>(x.begin() + m * in, x.begin() + (m + 1) * in)), y1(gpu(), out);
-        gpu().matmul(w, x1, y1, 1);
-        const auto one = y1.get();
-        if (std::memcmp(one.data(), multi.data() + m * out, out * 4) != 0) {
-          all_same = false;
-          where += fmt::format(" M={},row={}", M, m);
-        }
-      }
-    }
-    record({std::string("matmul M-row==1-row ") + type_name(t), "M in {2,5,8,13,64}, 1024x200", 0, 0, 0, all_same,
-            all_same ? std::string("memcmp equal") : fmt::format("differs at{}", where)});
-    EXPECT_TRUE(all_same) << type_name(t) << where;
+    rows_identical_case(t, 1024, 200, {2, 5, 8, 13, 64}, seed);
+    seed += 2;
+    rows_identical_case(t, 1024, 600, {2, 5, 8, 13}, seed);
+    seed += 2;
   }
-}
-
-TEST(CudaOps, GetRows) {
-  REQUIRE_GPU();
-  uint32_t seed = 900;
-  for (GgmlType t : kAllTypes) {
-    const int64_t in = 512, out = 300;
-    const HostWeight hw = make_weight(t, in, out, seed++);
-    const WeightRef wg = gpu().upload_weight(hw.bytes.data(), t, in, out);
-    const WeightRef wc = cpu().upload_weight(hw.bytes.data(), t, in, out);
-    const std::vector<int32_t> ids = {0, 299, 17, 17, 150};
-    Buf<int32_t> ig(gpu(), ids), ic(cpu(), ids);
-    Buf<float> yg(gpu(), ids.size() * in), yc(cpu(), ids.size() * in);
-    gpu().get_rows(wg, ig, yg, ids.size());
-    cpu().get_rows(wc, ic, yc, ids.size());
-    check(std::string("get_rows ") + type_name(t), shape_str({5, in}), yg.get(), yc.get(), 0, yg.guard_ok());
-  }
-}
-
-// ---- norms and elementwise ------------------------------------------------------------------------
-
-TEST(CudaOps, Norms) {
-  REQUIRE_GPU();
-  std::mt19937 rng(11);
-  for (auto [rows, n] : {std::pair<int64_t, int64_t>{7, 5120}, {24 * 3, 256}, {5, 100}}) {
-    const auto x = randn_vec(rng, rows * n, 3.0f), w = rand_vec(rng, n, 0.5f, 1.5f);
-    for (bool with_w : {true, false}) {
-      Buf<float> xg(gpu(), x), wg(gpu(), w), yg(gpu(), rows * n);
-      Buf<float> xc(cpu(), x), wc(cpu(), w), yc(cpu(), rows * n);
-      gpu().rms_norm(xg, with_w ? wg.get_ptr() : nullptr, yg, rows, n, 1e-6f);
-      cpu().rms_norm(xc, with_w ? wc.get_ptr() : nullptr, yc, rows, n, 1e-6f);
-      check(with_w ? "rms_norm" : "rms_norm (no weight)", shape_str({rows, n}), yg.get(), yc.get(), 1e-11,
-            yg.guard_ok());
-    }
-    {  // in place
-      Buf<float> xg(gpu(), x), wg(gpu(), w);
-      Buf<float> xc(cpu(), x), wc(cpu(), w);
-      gpu().rms_norm(xg, wg, xg, rows, n, 1e-6f);
-      cpu().rms_norm(xc, wc, xc, rows, n, 1e-6f);
-      check("rms_norm (in place)", shape_str({rows, n}), xg.get(), xc.get(), 1e-11, xg.guard_ok());
-    }
-  }
-  {
-    const int64_t rows = 16 * 8, n = 128;
-    const auto x = randn_vec(rng, rows * n);
-    Buf<float> xg(gpu(), x), xc(cpu(), x);
-    gpu().l2_norm(xg, xg, rows, n, 1e-6f, 0.0883883f);
-    cpu().l2_norm(xc, xc, rows, n, 1e-6f, 0.0883883f);
-    check("l2_norm", shape_str({rows, n}), xg.get(), xc.get(), 1e-11, xg.guard_ok());
-  }
-  {
-    const int64_t rows = 48 * 8, n = 128;
-    const auto x = randn_vec(rng, rows * n), z = randn_vec(rng, rows * n, 2.0f), w = rand_vec(rng, n, 0.5f, 1.5f);
-    Buf<float> xg(gpu(), x), zg(gpu(), z), wg(gpu(), w), yg(gpu(), rows * n);
-    Buf<float> xc(cpu(), x), zc(cpu(), z), wc(cpu(), w), yc(cpu(), rows * n);
-    gpu().rms_norm_gated(xg, wg, zg, yg, rows, n, 1e-6f);
-    cpu().rms_norm_gated(xc, wc, zc, yc, rows, n, 1e-6f);
-    check("rms_norm_gated", shape_str({rows, n}), yg.get(), yc.get(), 1e-11, yg.guard_ok());
-  }
-}
-
-TEST(CudaOps, Elementwise) {
-  REQUIRE_GPU();
-  std::mt19937 rng(12);
-  const int64_t n = 17408 * 8 + 3;
-  const auto a = randn_vec(rng, n, 4.0f), b = randn_vec(rng, n, 4.0f);
-  Buf<float> ag(gpu(), a), bg(gpu(), b), yg(gpu(), n);
-  Buf<float> ac(cpu(), a), bc(cpu(), b), yc(cpu(), n);
-  gpu().add(ag, bg, yg, n);
-  cpu().add(ac, bc, yc, n);
-  check("add", shape_str({n}), yg.get(), yc.get(), 0, yg.guard_ok());
-  gpu().swiglu(ag, bg, yg, n);
-  cpu().swiglu(ac, bc, yc, n);
-  check("swiglu", shape_str({n}), yg.get(), yc.get(), 1e-11, yg.guard_ok());
-  gpu().mul_sigmoid(ag, bg, yg, n);
-  cpu().mul_sigmoid(ac, bc, yc, n);
-  check("mul_sigmoid", shape_str({n}), yg.get(), yc.get(), 1e-11, yg.guard_ok());
-
-  // copy_rows: split [M*H, 2*hd] into q (as the qwen35 attention block does)
-  const int64_t rows = 24 * 5, hd = 256;
-  const auto src = randn_vec(rng, rows * 2 * hd);
-  Buf<float> sg(gpu(), src), dg(gpu(), rows * hd), sc(cpu(), src), dc(cpu(), rows * hd);
-  gpu().copy_rows(dg, hd, sg.get_ptr() + hd, 2 * hd, rows, hd);
-  cpu().copy_rows(dc, hd, sc.get_ptr() + hd, 2 * hd, rows, hd);
-  check("copy_rows", shape_str({rows, hd}), dg.get(), dc.get(), 0, dg.guard_ok());
+  rows_identical_case(GgmlType::BF16, 5120, 48, {2, 3, 8, 11}, seed);  // ssm_alpha / ssm_beta
 }
 
 // ---- Hadamard -------------------------------------------------------------------------------------
@@ -236,7 +174,10 @@ TEST(CudaOps, Hadamard) {
   struct C {
     int64_t rows, n, block;
   };
-  for (const C c : {C{3, 6144, 1024}, C{8, 17408, 1024}, C{2, 256, 128}, C{5, 5120, 1024}}) {
+  // Blocks 32 .. 1024 run the register (warp-shuffle) kernel; 16 and 2048 the shared-memory one.
+  for (const C c : {C{3, 6144, 1024}, C{8, 17408, 1024}, C{2, 256, 128}, C{5, 5120, 1024}, C{1, 5120, 1024},
+                    C{1, 12288, 1024}, C{3, 2048, 32}, C{2, 1024, 64}, C{3, 1536, 512}, C{2, 4096, 2048},
+                    C{2, 256, 16}}) {
     const auto x = randn_vec(rng, c.rows * c.n);
     std::vector<float> signs(c.n);
     for (auto& s : signs) s = (rng() & 1) ? 1.0f : -1.0f;
@@ -246,14 +187,17 @@ TEST(CudaOps, Hadamard) {
     Buf<float> sg(gpu(), signs), sc(cpu(), signs);
     Buf<int32_t> pg(gpu(), perm), pc(cpu(), perm);
     const std::string shp = shape_str({c.rows, c.n, c.block});
-    for (int mode = 0; mode < 4; ++mode) {  // forward, forward+perm, forward+perm in place, inverse
+    // forward, forward+perm, forward+perm in place, inverse, forward in place, inverse in place
+    for (int mode = 0; mode < 6; ++mode) {
       Buf<float> xg(gpu(), x), yg(gpu(), c.rows * c.n), xc(cpu(), x), yc(cpu(), c.rows * c.n);
-      const bool inverse = mode == 3, use_perm = mode == 1 || mode == 2, in_place = mode == 2;
+      const bool inverse = mode == 3 || mode == 5, use_perm = mode == 1 || mode == 2;
+      const bool in_place = mode == 2 || mode == 4 || mode == 5;
       float* outg = in_place ? xg.get_ptr() : yg.get_ptr();
       float* outc = in_place ? xc.get_ptr() : yc.get_ptr();
       gpu().hadamard(xg, sg, use_perm ? pg.get_ptr() : nullptr, outg, c.rows, c.n, c.block, inverse);
       cpu().hadamard(xc, sc, use_perm ? pc.get_ptr() : nullptr, outc, c.rows, c.n, c.block, inverse);
-      const char* names[] = {"hadamard fwd", "hadamard fwd+perm", "hadamard fwd+perm in place", "hadamard inverse"};
+      const char* names[] = {"hadamard fwd",     "hadamard fwd+perm",     "hadamard fwd+perm in place",
+                             "hadamard inverse", "hadamard fwd in place", "hadamard inverse in place"};
       check(names[mode], shp, in_place ? xg.get() : yg.get(), in_place ? xc.get() : yc.get(), 0,
             in_place ? xg.guard_ok() : yg.guard_ok());
     }

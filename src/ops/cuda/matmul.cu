@@ -22,6 +22,10 @@
 //               and the activation is pre-scaled by 2^-s (exact), so each fma adds exactly (c - 1) x.
 //   mm_blocks   every file block format (and plain f32/f16/bf16) in the file's layout: lane L takes
 //               the 8 consecutive elements 256 s + 8 L (s = 0, 1, ...), dequantized, fma chain.
+//               Weights with few outputs (out <= 512, a rule on the shape alone) use mm_blocks_split
+//               instead: the same lane layout, but K is cut into contiguous chunk ranges, one per warp
+//               of a CTA, and the warp sums are added in warp order (so y[m][o] is one CTA's, not one
+//               warp's; still a fixed order that depends on K only).
 //   mm_naive    plain types with K not a multiple of 8: lane L takes elements L, L + 32, ...
 #include <algorithm>
 
@@ -301,6 +305,115 @@ mm_blocks_kernel(const uint8_t* __restrict__ W, size_t row_stride, int64_t K, in
 }
 
 // ------------------------------------------------------------------------------------------------
+// mm_blocks_split: the small-output path (w.out <= kSplitMaxOut, e.g. ssm_alpha / ssm_beta, 48 x 5120).
+// The warp-per-rows kernel above gives such a weight only out / 8 CTAs, each warp walking all of K;
+// here one CTA computes NR outputs (o0 .. o0 + NR - 1) with nw = min(8, chunks) warps, warp w taking
+// the contiguous 256-element chunks [chunks * w / nw, chunks * (w + 1) / nw). Lane L of a warp takes
+// elements 256 c + 8 L .. + 7 of its chunks c (ascending), the same fp32 fma chain as mm_blocks; the
+// 32 lane sums go through warp_sum, then the nw warp sums are added in warp order by one thread.
+// nw depends on K only and the path on (in, out) only; R, NR and U (chunks whose loads are issued
+// together) change which values share a load, never the arithmetic of one (m, o): M-independent.
+
+constexpr int kSplitWarps = 8;
+// Outputs up to which the split path is used (shape only: the rule must not look at M). At 512 the
+// warp-per-rows kernel would launch 64 CTAs of 4 warps: under half of an H200's 132 SMs.
+constexpr int64_t kSplitMaxOut = 512;
+
+inline bool use_split(int64_t in, int64_t out) { return in > 0 && out <= kSplitMaxOut; }
+inline int split_warps(int64_t in) {
+  const int64_t chunks = (in + 255) / 256;
+  return static_cast<int>(chunks < kSplitWarps ? chunks : kSplitWarps);
+}
+
+template <int T, int R>
+struct SplitCfg {
+  static constexpr int NR = R <= 2 ? 1 : 2;  // outputs per CTA
+  // Chunks per load batch (registers: 8 U (NR + R)). The base-3 decoders (TQ1_0, PTQ1_0) are too long
+  // to unroll U times: their weight arrays would go to local memory, so they load one chunk at a time.
+  static constexpr int U = (T == kTQ1_0 || T == kPTQ1_0) ? 1 : R <= 2 ? 4 : (R <= 4 ? 2 : 1);
+};
+
+template <int T, int R>
+__global__ void __launch_bounds__(kSplitWarps * 32)
+mm_blocks_split_kernel(const uint8_t* __restrict__ W, size_t row_stride, int64_t K, int64_t N,
+                       const float* __restrict__ x, float* __restrict__ y, bool xvec) {
+  constexpr int NR = SplitCfg<T, R>::NR, U = SplitCfg<T, R>::U;
+  __shared__ float part[kSplitWarps][NR][R];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int64_t o0 = static_cast<int64_t>(blockIdx.x) * NR;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxR;
+  const int64_t chunks = (K + 255) / 256;
+  const int64_t c_begin = chunks * warp / nw, c_end = chunks * (warp + 1) / nw;  // >= 1 chunk (nw <= chunks)
+  const uint8_t* rows[NR];
+#pragma unroll
+  for (int i = 0; i < NR; ++i) rows[i] = W + (o0 + i < N ? o0 + i : N - 1) * row_stride;  // past N: not stored
+  const float* xt = x + m0 * K;
+  float acc[NR][R];
+#pragma unroll
+  for (int i = 0; i < NR; ++i)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
+
+  // A chunk u of the batch at c is live when c + u < c_end and the lane's 8 elements are inside K
+  // (only the last chunk of the row can be partial; K % 8 == 0 here).
+  float w[U][NR][8];
+  auto load_weights = [&](int64_t c) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t e0 = (c + u) * 256 + 8 * lane;
+      if (c + u < c_end && e0 < K) {
+#pragma unroll
+        for (int i = 0; i < NR; ++i) load_w8<T>(rows[i], e0, w[u][i]);
+      }
+    }
+  };
+  // The weights never come from an earlier kernel (uploaded and synchronized): the first batch's loads
+  // start before pdl_wait(), while the previous kernel drains.
+  load_weights(c_begin);
+  pdl_wait();
+  for (int64_t c = c_begin;;) {
+    float xv[U][R][8];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t e0 = (c + u) * 256 + 8 * lane;
+      if (c + u < c_end && e0 < K) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) load8(xt + r * K + e0, xvec, xv[u][r]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t e0 = (c + u) * 256 + 8 * lane;
+      if (c + u < c_end && e0 < K) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int i = 0; i < NR; ++i)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[i][r] = __fmaf_rn(w[u][i][e], xv[u][r][e], acc[i][r]);
+      }
+    }
+    c += U;
+    if (c >= c_end) break;
+    load_weights(c);
+  }
+#pragma unroll
+  for (int i = 0; i < NR; ++i)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float s = warp_sum(acc[i][r]);
+      if (lane == 0) part[warp][i][r] = s;
+    }
+  __syncthreads();
+  if (threadIdx.x < NR * R) {
+    const int i = threadIdx.x / R, r = threadIdx.x % R;
+    float t = part[0][i][r];
+    for (int k = 1; k < nw; ++k) t += part[k][i][r];
+    if (o0 + i < N) y[(m0 + r) * N + o0 + i] = t;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
 // mm_planar2 (layout in the header comment)
 
 template <int R>
@@ -564,6 +677,13 @@ struct BlocksRun {
   template <int R>
   struct At {
     static void run(const float* x, float* y, int64_t tiles, const DevWeight& w, bool xvec, cudaStream_t s) {
+      if (use_split(w.in, w.out)) {
+        constexpr int NS = SplitCfg<T, R>::NR;
+        const dim3 grid(ceil_div_u(w.out, NS), static_cast<unsigned>(tiles));
+        launch_pdl(mm_blocks_split_kernel<T, R>, grid, split_warps(w.in) * 32, 0, s, w.data, w.row_stride, w.in,
+                   w.out, x, y, xvec);
+        return;
+      }
       constexpr int NR = BlocksCfg<R>::NR;
       const dim3 grid(ceil_div_u(w.out, kWarpsPerBlock * NR), static_cast<unsigned>(tiles));
       launch_pdl(mm_blocks_kernel<T, R>, grid, kWarpsPerBlock * 32, 0, s, w.data, w.row_stride, w.in, w.out, x, y, xvec);
