@@ -181,7 +181,7 @@ void bench_matmul_prefill(Backend& be, Out& out) {
 
 int main(int argc, char** argv) {
   bool quick = false, model_only = false, gdn_only = false, prefill_only = false;
-  std::string model_path, out_path;
+  std::string model_path, out_path, only_type, only_shape;  // --matmul TYPE[:SHAPE]: that matmul alone
   int n_tokens = 64;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -192,9 +192,14 @@ int main(int argc, char** argv) {
     else if (a == "--model" && i + 1 < argc) model_path = argv[++i];
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
     else if (a == "--tokens" && i + 1 < argc) n_tokens = std::atoi(argv[++i]);
-    else {
+    else if (a == "--matmul" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      const size_t colon = v.find(':');
+      only_type = v.substr(0, colon);
+      if (colon != std::string::npos) only_shape = v.substr(colon + 1);
+    } else {
       fmt::print(stderr,
-                 "usage: bench_cuda_ops [--quick] [--model FILE [--model-only]] [--tokens N] [--gdn] [--prefill] [--out FILE.md]\n");
+                 "usage: bench_cuda_ops [--quick] [--model FILE [--model-only]] [--tokens N] [--gdn] [--prefill] [--matmul TYPE[:SHAPE]] [--out FILE.md]\n");
       return 2;
     }
   }
@@ -231,6 +236,14 @@ int main(int argc, char** argv) {
                                    GgmlType::BF16,   GgmlType::F16,   GgmlType::Q8_0};
     if (quick) types = {GgmlType::PTQ1_0, GgmlType::PQ2_0, GgmlType::Q4_K};
     if (model_only) types.clear();
+    if (!only_type.empty()) {  // one type (and shape) alone, e.g. for ncu
+      const auto t = type_from_name(only_type);
+      if (!t) {
+        fmt::print(stderr, "bench_cuda_ops: unknown type '{}'\n", only_type);
+        return 2;
+      }
+      types = {*t};
+    }
     if (!types.empty()) {
       out.line("| type | matrix | in x out | MB (file) | layout | M=1 us | GB/s | % floor | dev GB/s | M=8 us | M8/M1 |");
       out.line("|---|---|---|---|---|---|---|---|---|---|---|");
@@ -238,6 +251,7 @@ int main(int argc, char** argv) {
     uint32_t seed = 1;
     for (GgmlType t : types) {
       for (const Shape& s : shapes) {
+        if (!only_shape.empty() && only_shape != s.name) continue;
         const bool big = s.out > 100000;
         if (big && !(t == GgmlType::PTQ1_0 || t == GgmlType::PQ2_0)) continue;
         if (t == GgmlType::BF16 && s.in * s.out > 5120 * 17408) continue;
@@ -277,6 +291,10 @@ int main(int argc, char** argv) {
       }
     }
     out.line("");
+    if (!only_type.empty()) {  // --matmul: nothing else
+      if (!out_path.empty()) std::ofstream(out_path) << out.md;
+      return 0;
+    }
 
     // ---- other ops at decode shapes (M = 1 unless noted)
     if (!model_only) {

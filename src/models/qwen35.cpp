@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
+#include <span>
 
 #include "models/target.h"
 #include "models/weights.h"
@@ -184,6 +186,15 @@ class Qwen35Model final : public TargetModel {
       be_.matmul_prefill(w, x, y, M);
     else
       be_.matmul(w, x, y, M);
+  }
+  // The matmuls that share the input x (one launch on CUDA), through the prefill kernel during a long
+  // non-undoable chunk.
+  void mm_group(std::initializer_list<Backend::MatmulOut> outs, const float* x, int64_t M) {
+    if (prefill_chunk_) {
+      for (const Backend::MatmulOut& o : outs) be_.matmul_prefill(*o.w, x, o.y, M);
+    } else {
+      be_.matmul_group(std::span<const Backend::MatmulOut>(outs.begin(), outs.size()), x, M);
+    }
   }
 
   Backend& be_;
@@ -418,17 +429,14 @@ void Qwen35Model::attention_block(int il, const float* n, float* y, int64_t M) {
   LayerState& s = state_[il];
   const int64_t hd = cfg_.head_dim, H = cfg_.n_head, Hkv = cfg_.n_head_kv;
   const float* nin = rotated(n, M, cfg_.n_embd, w.rot_attn_in, rot_);
+  // attn_q rows are [q(hd) | gate(hd)] per head when the output is gated: split as [M*H, 2*hd] -> q,
+  // gate [M*H, hd] below.
+  mm_group({{&w.wq, cfg_.attn_output_gate ? big0_ : q_}, {&w.wk, k_}, {&w.wv, v_}}, nin, M);
   if (cfg_.attn_output_gate) {
-    // attn_q rows are [q(hd) | gate(hd)] per head: split as [M*H, 2*hd] -> q, gate [M*H, hd]
-    mm(w.wq, nin, big0_, M);
     be_.copy_rows(q_, hd, big0_, 2 * hd, M * H, hd);
     be_.copy_rows(gate_, hd, big0_ + hd, 2 * hd, M * H, hd);
-  } else {
-    mm(w.wq, nin, q_, M);
   }
   // New keys and values go to the cache rows d_pos_ (device memory, so the step is one graph).
-  mm(w.wk, nin, k_, M);
-  mm(w.wv, nin, v_, M);
   be_.rms_norm(q_, w.q_norm, q_, M * H, hd, cfg_.rms_eps);
   be_.rms_norm(k_, w.k_norm, k_, M * Hkv, hd, cfg_.rms_eps);
   be_.rope_neox(q_, d_pos_, M, H, hd, cfg_.n_rot, cfg_.rope_theta);
@@ -447,8 +455,7 @@ void Qwen35Model::gdn_block(int il, const float* n, float* y, int64_t M, bool un
   const int64_t Hk = cfg_.ssm_k_heads, Hv = cfg_.ssm_v_heads, dk = cfg_.ssm_head_k, dv = cfg_.ssm_head_v();
   const int64_t C = conv_dim(), K = cfg_.ssm_conv_kernel;
   const float* nin = rotated(n, M, cfg_.n_embd, w.rot_attn_in, rot_);
-  mm(w.w_qkv, nin, big0_, M);    // [M, C] pre-conv
-  mm(w.w_gate, nin, gate_, M);   // z [M, inner]
+  mm_group({{&w.w_qkv, big0_}, {&w.w_gate, gate_}}, nin, M);  // [M, C] pre-conv, z [M, inner]
   const float* nab = w.rot_alpha_beta ? (w.rot_attn_in ? nin : rotated(n, M, cfg_.n_embd, true, rot2_)) : n;
   // An undoable forward keeps the recurrence's inputs per layer (rollback replays them).
   float* g = undoable ? s.undo_g : a_;        // [M, Hv] alpha, then the log-decay
@@ -486,8 +493,7 @@ void Qwen35Model::gdn_block(int il, const float* n, float* y, int64_t M, bool un
 void Qwen35Model::ffn_block(int il, const float* n, float* y, int64_t M) {
   const LayerWeights& w = layers_[il];
   const float* nin = rotated(n, M, cfg_.n_embd, w.rot_ffn_in, rot_);
-  mm(w.ffn_gate, nin, big0_, M);
-  mm(w.ffn_up, nin, big1_, M);
+  mm_group({{&w.ffn_gate, big0_}, {&w.ffn_up, big1_}}, nin, M);
   be_.swiglu(big0_, big1_, big2_, M * cfg_.n_ff);
   const float* din = rotated(big2_, M, cfg_.n_ff, w.rot_ffn_down, rot_);
   mm(w.ffn_down, din, y, M);

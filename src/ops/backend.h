@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,17 @@ class Backend {
   // backend may use a kernel whose rounding depends on M (tensor cores on CUDA). The lossless
   // contract does not hold here; decode and verify use matmul(). Default: matmul().
   virtual void matmul_prefill(const WeightRef& w, const float* x, float* y, int64_t M) { matmul(w, x, y, M); }
+  // One input, several weights (attention q|k|v, GDN qkv|z, FFN gate|up): y_i[M, w_i.out] =
+  // x[M, in] . w_i^T, every w_i.in the same, no y_i overlapping x. Row m of each y_i depends only on
+  // row m of x and on the group (never on M), but a backend may sum in another order than matmul()
+  // of w_i alone (CUDA: one launch with one k split for the whole group). Default: matmul() each.
+  struct MatmulOut {
+    const WeightRef* w;
+    float* y;
+  };
+  virtual void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t M) {
+    for (const MatmulOut& o : outs) matmul(*o.w, x, o.y, M);
+  }
   // y[M, w.in] = rows ids[M] of w, dequantized (embedding lookup).
   virtual void get_rows(const WeightRef& w, const int32_t* ids, float* y, int64_t M) = 0;
 

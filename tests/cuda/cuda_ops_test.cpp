@@ -166,6 +166,76 @@ TEST(CudaMatmul, RowsBitIdenticalToSingleRows) {
   rows_identical_case(GgmlType::BF16, 5120, 48, {2, 3, 8, 11}, seed);  // ssm_alpha / ssm_beta
 }
 
+// matmul_group (one launch for the weights that share an input): each output against the CPU's
+// matmul, and each row of an M-row group call == the 1-row group call, bit for bit. Shapes: the 27B
+// GDN qkv | z and FFN gate | up pairs (ternary: one launch), a triple with a short last weight, and a
+// mixed-type pair (falls back to one matmul each).
+void group_case(const std::vector<std::pair<GgmlType, int64_t>>& parts, int64_t in, const std::vector<int64_t>& Ms,
+                uint32_t seed) {
+  std::vector<HostWeight> hws;  // the CPU backend reads the host bytes in place: they must outlive it
+  std::vector<WeightRef> wg, wc;
+  std::string shape;
+  for (const auto& [t, out] : parts) hws.push_back(make_weight(t, in, out, seed++));
+  for (const HostWeight& hw : hws) {
+    const GgmlType t = hw.type;
+    const int64_t out = hw.out;
+    wg.push_back(gpu().upload_weight(hw.bytes.data(), t, in, out));
+    wc.push_back(cpu().upload_weight(hw.bytes.data(), t, in, out));
+    shape += fmt::format("{}{}:{}", shape.empty() ? "" : "+", type_name(t), out);
+  }
+  std::mt19937 rng(seed);
+  bool all_same = true;
+  std::string where;
+  for (int64_t M : Ms) {
+    const auto x = randn_vec(rng, M * in);
+    Buf<float> xg(gpu(), x), xc(cpu(), x);
+    std::vector<std::unique_ptr<Buf<float>>> yg, yc;
+    std::vector<Backend::MatmulOut> og, oc;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      yg.push_back(std::make_unique<Buf<float>>(gpu(), M * parts[i].second));
+      yc.push_back(std::make_unique<Buf<float>>(cpu(), M * parts[i].second));
+      og.push_back({&wg[i], *yg.back()});
+      oc.push_back({&wc[i], *yc.back()});
+    }
+    gpu().matmul_group(og, xg, M);
+    cpu().matmul_group(oc, xc, M);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const auto multi = yg[i]->get();
+      check(fmt::format("matmul_group part {}", i), fmt::format("{} M={} in={}", shape, M, in), multi, yc[i]->get(),
+            1e-10, yg[i]->guard_ok());
+    }
+    if (M == 1) continue;
+    for (int64_t m = 0; m < M; ++m) {
+      Buf<float> x1(gpu(), std::vector<float>(x.begin() + m * in, x.begin() + (m + 1) * in));
+      std::vector<std::unique_ptr<Buf<float>>> y1;
+      std::vector<Backend::MatmulOut> o1;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        y1.push_back(std::make_unique<Buf<float>>(gpu(), parts[i].second));
+        o1.push_back({&wg[i], *y1.back()});
+      }
+      gpu().matmul_group(o1, x1, 1);
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const int64_t out = parts[i].second;
+        if (std::memcmp(y1[i]->get().data(), yg[i]->get().data() + m * out, out * 4) != 0) {
+          all_same = false;
+          where += fmt::format(" M={},row={},part={}", M, m, i);
+        }
+      }
+    }
+  }
+  record({"matmul_group M-row==1-row", shape, 0, 0, 0, all_same,
+          all_same ? std::string("memcmp equal") : fmt::format("differs at{}", where)});
+  EXPECT_TRUE(all_same) << shape << where;
+}
+
+TEST(CudaMatmul, GroupSharedInput) {
+  REQUIRE_GPU();
+  group_case({{GgmlType::PTQ1_0, 10240}, {GgmlType::PTQ1_0, 6144}}, 5120, {1, 2, 8}, 700);  // GDN qkv | z
+  group_case({{GgmlType::PQ2_0, 17408}, {GgmlType::PQ2_0, 17408}}, 5120, {1, 5}, 710);      // FFN gate | up
+  group_case({{GgmlType::PTQ1_0, 200}, {GgmlType::PTQ1_0, 72}, {GgmlType::PTQ1_0, 24}}, 1024, {1, 3, 8, 13}, 720);
+  group_case({{GgmlType::PTQ1_0, 96}, {GgmlType::Q4_K, 64}}, 512, {1, 4}, 730);  // mixed: one matmul each
+}
+
 // ---- Hadamard -------------------------------------------------------------------------------------
 
 TEST(CudaOps, Hadamard) {

@@ -201,6 +201,30 @@ class CudaBackend final : public Backend {
     run_matmul(dw, x, y, M);
     after("matmul");
   }
+  void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t M) override {
+    // One launch when every weight is in the ternary tensor-core layout with the same input width.
+    const cuda::DevWeight* ws[cuda::kTernaryMaxGroup];
+    float* ys[cuda::kTernaryMaxGroup];
+    cuda::DevWeight dws[cuda::kTernaryMaxGroup];
+    bool one_launch = outs.size() >= 2 && outs.size() <= static_cast<size_t>(cuda::kTernaryMaxGroup);
+    for (size_t i = 0; one_launch && i < outs.size(); ++i) {
+      dws[i] = dev_weight(*outs[i].w, "matmul_group");
+      one_launch = dws[i].layout == cuda::Layout::kTernaryMma && dws[i].in == dws[0].in;
+      ws[i] = &dws[i];
+      ys[i] = outs[i].y;
+    }
+    if (!one_launch) {
+      Backend::matmul_group(outs, x, M);
+      return;
+    }
+    const int n = static_cast<int>(outs.size());
+    const cuda::TernaryScratch need = cuda::ternary_group_scratch(ws, n, M, num_sms_);
+    cuda::TernaryBuffers buf = matmul_buffers(need, x, M, dws[0].in);
+    cuda::launch_matmul_ternary_group(ws, ys, n, x, M, buf, num_sms_, stream_);
+    xq_ = XqKey{x, M, dws[0].in, buf.xq, true};
+    for (int i = 0; i < n; ++i) note_write(ys[i], sizeof(float) * M * dws[i].out);
+    after("matmul");
+  }
   void matmul_prefill(const WeightRef& w, const float* x, float* y, int64_t M) override {
     const cuda::DevWeight dw = dev_weight(w, "matmul_prefill");
     if (cuda::launch_matmul_prefill(dw, x, y, M, stream_))
@@ -481,16 +505,21 @@ class CudaBackend final : public Backend {
 
   void run_matmul(const cuda::DevWeight& dw, const float* x, float* y, int64_t M) {
     const cuda::TernaryScratch need = cuda::matmul_scratch(dw, M, num_sms_);
-    cuda::TernaryBuffers buf;
-    if (need.xq_bytes) {
-      buf.xq = scratch(kScratchMatmulXq, need.xq_bytes);
-      buf.xq_ready = xq_.valid && xq_.x == x && xq_.M == M && xq_.K == dw.in && xq_.buf == buf.xq && M <= 65535;
-    }
-    if (need.partial_bytes) buf.partial = static_cast<float*>(scratch(kScratchMatmulPartial, need.partial_bytes));
-    if (need.sem_bytes) buf.sems = static_cast<unsigned*>(scratch(kScratchMatmulSems, need.sem_bytes));
+    cuda::TernaryBuffers buf = matmul_buffers(need, x, M, dw.in);
     cuda::launch_matmul(dw, x, y, M, buf, num_sms_, stream_);
     if (need.xq_bytes) xq_ = XqKey{x, M, dw.in, buf.xq, true};
     note_write(y, sizeof(float) * M * dw.out);
+  }
+  // The ternary kernel's scratch; xq_ready when the cache holds x's quantization already.
+  cuda::TernaryBuffers matmul_buffers(const cuda::TernaryScratch& need, const float* x, int64_t M, int64_t K) {
+    cuda::TernaryBuffers buf;
+    if (need.xq_bytes) {
+      buf.xq = scratch(kScratchMatmulXq, need.xq_bytes);
+      buf.xq_ready = xq_.valid && xq_.x == x && xq_.M == M && xq_.K == K && xq_.buf == buf.xq && M <= 65535;
+    }
+    if (need.partial_bytes) buf.partial = static_cast<float*>(scratch(kScratchMatmulPartial, need.partial_bytes));
+    if (need.sem_bytes) buf.sems = static_cast<unsigned*>(scratch(kScratchMatmulSems, need.sem_bytes));
+    return buf;
   }
   // Drops the quantized-activation cache when [p, p + bytes) overlaps the cached input.
   void note_write(const void* p, size_t bytes) {

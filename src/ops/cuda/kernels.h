@@ -78,6 +78,13 @@ void launch_to_ternary_mma(const uint8_t* src, bool ptq1, uint8_t* codes, uint8_
 // device only, never of M (so M rows keep the bits of one row).
 int ternary_splits(int64_t out, int64_t in, int num_sms);
 TernaryScratch ternary_scratch(const DevWeight& w, int64_t M, int num_sms);
+// Up to kTernaryMaxGroup ternary weights with the same `in` that share the input x, in one launch
+// (y_k = x . w_k^T). The k split is a function of the group's shapes (never M), so a row's bits
+// depend on the group, not on M; a weight in a group may round differently than alone.
+constexpr int kTernaryMaxGroup = 4;
+TernaryScratch ternary_group_scratch(const DevWeight* const* ws, int n, int64_t M, int num_sms);
+void launch_matmul_ternary_group(const DevWeight* const* ws, float* const* ys, int n, const float* x,
+                                 int64_t M, const TernaryBuffers& buf, int num_sms, cudaStream_t s);
 void launch_matmul_ternary(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf,
                            int num_sms, cudaStream_t s);
 void launch_get_rows_ternary(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s);

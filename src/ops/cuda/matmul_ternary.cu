@@ -151,15 +151,24 @@ __global__ void __launch_bounds__(128) quantize_x24_kernel(const float* __restri
 
 // ---- matmul --------------------------------------------------------------------------------------
 
-struct TernaryArgs {
+// One weight of a launch. A launch covers up to kTernaryMaxGroup weights that share the input (one
+// grid: CTAs [cta_end of the previous part, cta_end) are this part's 64-row tiles).
+struct TernaryPart {
   const uint32_t* codes;
   const uint32_t* scales;
+  float* y;
+  int64_t N;    // rows (outputs)
+  int tiles;    // 16-row tiles (Np / 16)
+  int cta_end;  // one past this part's last CTA (blockIdx.x)
+};
+struct TernaryArgs {
+  TernaryPart part[kTernaryMaxGroup];
+  int nparts;
   const uint8_t* xq;    // quantized activations [M][nblk][384 B]
   const int32_t* meta;  // [M][nblk][4]
-  float* y;
-  float* partial;  // ks > 1: [ks][gridDim.y][8][Np]
+  float* partial;  // ks > 1: [ks][gridDim.y][8][rows = 64 gridDim.x]
   unsigned* sem;   // ks > 1: [gridDim.y][gridDim.x] arrival counters, 0 between launches
-  int64_t N, Np, M;
+  int64_t M;
   int nblk, ks;
 };
 
@@ -216,81 +225,136 @@ __device__ __forceinline__ void issue_block(const BlockSrc& src, int64_t boff, i
   issue_acts(src, boff, nblk, mc, lane, stage);
 }
 
-// One staged block for the CTA's tiles: acc[i][j] += d * 2^(E-16) * sum (c - 1) u (exact integer).
-// Straight-line code over all 4 tiles (a short last tile column computes copies of its last tile and
-// stores nothing for them): per k32 step 12 independent mma chains, so the tensor pipe stays busy
-// with only 2 warps per scheduler.
-__device__ __forceinline__ void block_compute(const uint8_t* stage, int mc, int g, int t,
-                                              float (&acc)[kTilesPerCta][4]) {
-  const uint8_t* xs = stage + kTilesPerCta * 544;
-  // B: digit planes of activation row g (zero columns past mc), 8 words per plane for this lane.
-  uint32_t bq[3][8];
+// Columns of the mma's B (n = 8 per n-tile): the 3 digit planes of the activation rows, column
+// c = R p + m for plane p of row m (R = 2, 4 or 8 rows per plane group, NT = ceil(3R / 8) n-tiles).
+// One or two activation rows (decode) fill one n-tile: 16 mma per block for 4 tiles instead of the
+// 48 that a plane per n-tile costs. Lane quad position t < R / 2 owns rows m = 2t, 2t + 1 (D's
+// columns 2t, 2t + 1): it gathers the 3 plane sums of its rows (its own n-tiles, or through a
+// shuffle from lane t + 1 or t + 2 of the quad) into the exact v = (D0 * 256 + D1) * 256 + D2. So the
+// float steps of a row, acc = fma(d * 2^(E-16), float(v), acc) per block, are the same for every R
+// and M: row m has the same bits whatever M is.
+template <int R>
+struct ColMap {
+  static constexpr int kNt = (3 * R + 7) / 8;
+};
+
+// Per-lane constants of the column map for one CTA (mc activation rows).
+template <int R>
+struct LaneCols {
+  static constexpr int NT = ColMap<R>::kNt;
+  int b_off[NT];      // B: byte offset of (row, plane) of column 8 nt + g in an xq stage, -1 if empty
+  int d_meta[NT][2];  // D: columns 8 nt + 2t + {0, 1}: int index of S_p in the stage's meta, -1 if empty
+  int sx_meta[2];     // owned rows 2t, 2t + 1: int index of 2^(E-16) in the meta, -1 if none
+  __device__ __forceinline__ LaneCols(int mc, int g, int t) {
 #pragma unroll
-  for (int i = 0; i < 3; ++i) {
+    for (int nt = 0; nt < NT; ++nt) {
+      const int cb = 8 * nt + g, pb = cb / R, mb = cb % R;
+      b_off[nt] = pb < 3 && mb < mc ? mb * kXqBytes + pb * 128 + t * 32 : -1;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int c = 8 * nt + 2 * t + h, p = c / R, m = c % R;
+        d_meta[nt][h] = p < 3 && m < mc ? m * 4 + p : -1;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sx_meta[h] = 2 * t < R && 2 * t + h < mc ? (2 * t + h) * 4 + 3 : -1;
+  }
+};
+
+// One staged block for the CTA's tiles: acc[i][jj] += d 2^(E-16) * v for the lane's owned (weight
+// row, activation row) pairs (d2d3 rows g, g + 8 x d0d1 columns 2t, 2t + 1). Straight-line code over
+// all 4 tiles (a short last tile column computes copies of its last tile and stores nothing for them).
+template <int R>
+__device__ __forceinline__ void block_compute(const uint8_t* stage, int mc, int g, int t, const LaneCols<R>& lc,
+                                              float (&acc)[kTilesPerCta][4]) {
+  constexpr int NT = ColMap<R>::kNt;
+  const uint8_t* xs = stage + kTilesPerCta * 544;
+  const int32_t* meta = reinterpret_cast<const int32_t*>(xs + mc * kXqBytes);  // [mc][S0, S1, S2, 2^(E-16)]
+  uint32_t bq[NT][8];
+  int cinit[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
     uint4 lo = make_uint4(0, 0, 0, 0), hi = make_uint4(0, 0, 0, 0);
-    if (g < mc) {
-      const uint4* src = reinterpret_cast<const uint4*>(xs + g * kXqBytes + i * 128 + t * 32);
+    if (lc.b_off[nt] >= 0) {
+      const uint4* src = reinterpret_cast<const uint4*>(xs + lc.b_off[nt]);
       lo = src[0];
       hi = src[1];
     }
-    bq[i][0] = lo.x, bq[i][1] = lo.y, bq[i][2] = lo.z, bq[i][3] = lo.w;
-    bq[i][4] = hi.x, bq[i][5] = hi.y, bq[i][6] = hi.z, bq[i][7] = hi.w;
+    bq[nt][0] = lo.x, bq[nt][1] = lo.y, bq[nt][2] = lo.z, bq[nt][3] = lo.w;
+    bq[nt][4] = hi.x, bq[nt][5] = hi.y, bq[nt][6] = hi.z, bq[nt][7] = hi.w;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int mi = lc.d_meta[nt][h];
+      cinit[nt][h] = cinit[nt][h + 2] = mi >= 0 ? -meta[mi] : 0;
+    }
   }
-  // C init -S_i and the scales 2^(E-16) of columns 2t and 2t + 1.
-  int4 m_lo = make_int4(0, 0, 0, 0), m_hi = make_int4(0, 0, 0, 0);
-  const int4* meta = reinterpret_cast<const int4*>(xs + mc * kXqBytes);
-  if (2 * t < mc) m_lo = meta[2 * t];
-  if (2 * t + 1 < mc) m_hi = meta[2 * t + 1];
-  const int cinit[3][4] = {{-m_lo.x, -m_hi.x, -m_lo.x, -m_hi.x},
-                           {-m_lo.y, -m_hi.y, -m_lo.y, -m_hi.y},
-                           {-m_lo.z, -m_hi.z, -m_lo.z, -m_hi.z}};
-  const float sx[2] = {__int_as_float(m_lo.w), __int_as_float(m_hi.w)};
-  uint2 rg[kTilesPerCta], rg8[kTilesPerCta];
-  uint32_t sc[kTilesPerCta];
+  float sx[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) sx[h] = lc.sx_meta[h] >= 0 ? __int_as_float(meta[lc.sx_meta[h]]) : 0.0f;
 #pragma unroll
   for (int i = 0; i < kTilesPerCta; ++i) {
     const uint32_t* cw = reinterpret_cast<const uint32_t*>(stage + i * 512);
-    rg[i] = *reinterpret_cast<const uint2*>(cw + g * 8 + 2 * t);
-    rg8[i] = *reinterpret_cast<const uint2*>(cw + (g + 8) * 8 + 2 * t);
-    sc[i] = reinterpret_cast<const uint32_t*>(stage + kTilesPerCta * 512)[i * 8 + g];
-  }
-  int d[kTilesPerCta][3][4];
+    const uint2 rg = *reinterpret_cast<const uint2*>(cw + g * 8 + 2 * t);
+    const uint2 rg8 = *reinterpret_cast<const uint2*>(cw + (g + 8) * 8 + 2 * t);
+    const uint32_t sc = reinterpret_cast<const uint32_t*>(stage + kTilesPerCta * 512)[i * 8 + g];
+    int d[NT][4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int q = 2 * (j & 1);  // registers q (h = 0) and q + 1 (h = 1) of word j / 2
-#pragma unroll
-    for (int i = 0; i < kTilesPerCta; ++i) {
-      const uint32_t wg = j < 2 ? rg[i].x : rg[i].y, wg8 = j < 2 ? rg8[i].x : rg8[i].y;
+    for (int j = 0; j < 4; ++j) {
+      const int q = 2 * (j & 1);  // registers q (h = 0) and q + 1 (h = 1) of word j / 2
+      const uint32_t wg = j < 2 ? rg.x : rg.y, wg8 = j < 2 ? rg8.x : rg8.y;
       const uint32_t a0 = (wg >> (2 * q)) & 0x03030303u, a1 = (wg8 >> (2 * q)) & 0x03030303u;
       const uint32_t a2 = (wg >> (2 * q + 2)) & 0x03030303u, a3 = (wg8 >> (2 * q + 2)) & 0x03030303u;
 #pragma unroll
-      for (int p = 0; p < 3; ++p) {
+      for (int nt = 0; nt < NT; ++nt) {
         if (j == 0)
-          mma_u8s8(d[i][p], a0, a1, a2, a3, bq[p][0], bq[p][1], cinit[p]);
+          mma_u8s8(d[nt], a0, a1, a2, a3, bq[nt][0], bq[nt][1], cinit[nt]);
         else
-          mma_u8s8(d[i][p], a0, a1, a2, a3, bq[p][2 * j], bq[p][2 * j + 1], d[i][p]);
+          mma_u8s8(d[nt], a0, a1, a2, a3, bq[nt][2 * j], bq[nt][2 * j + 1], d[nt]);
       }
     }
-  }
-#pragma unroll
-  for (int i = 0; i < kTilesPerCta; ++i) {
-    const float dg = fp16_to_f32(static_cast<uint16_t>(sc[i] & 0xffffu));
-    const float dg8 = fp16_to_f32(static_cast<uint16_t>(sc[i] >> 16));
+    const float dg = fp16_to_f32(static_cast<uint16_t>(sc & 0xffffu));
+    const float dg8 = fp16_to_f32(static_cast<uint16_t>(sc >> 16));
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) {
-      const int v = (d[i][0][jj] * 256 + d[i][1][jj]) * 256 + d[i][2][jj];  // exact: |v| < 2^31
+      // The plane sums of the owned column (|D| <= 128 * 128), then v exactly (|v| < 2^31).
+      int D0, D1, D2;
+      if constexpr (R == 2) {
+        D0 = d[0][jj];
+        D1 = __shfl_down_sync(0xffffffffu, d[0][jj], 1);
+        D2 = __shfl_down_sync(0xffffffffu, d[0][jj], 2);
+      } else if constexpr (R == 4) {
+        D0 = d[0][jj];
+        D1 = __shfl_down_sync(0xffffffffu, d[0][jj], 2);
+        D2 = d[1][jj];
+      } else {
+        D0 = d[0][jj];
+        D1 = d[1][jj];
+        D2 = d[2][jj];
+      }
+      const int v = (D0 * 256 + D1) * 256 + D2;
       acc[i][jj] = __fmaf_rn(__fmul_rn(jj < 2 ? dg : dg8, sx[jj & 1]), static_cast<float>(v), acc[i][jj]);
     }
   }
 }
 
-template <int kStages>
-__global__ void __launch_bounds__(kWarpsPerCta * 32) mm_ternary_kernel(const TernaryArgs a) {
+template <int kStages, int R>
+__global__ void __launch_bounds__(kWarpsPerCta * 32, 4) mm_ternary_kernel(const TernaryArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ int last_cta;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int tiles = static_cast<int>(a.Np / 16);
-  const int tile0 = blockIdx.x * kTilesPerCta;
-  const int nt = min(kTilesPerCta, tiles - tile0);
+  // This CTA's weight (part) and its first tile in that weight.
+  TernaryPart pt = a.part[0];
+  int cta_begin = 0;
+#pragma unroll
+  for (int k = 1; k < kTernaryMaxGroup; ++k)
+    if (k < a.nparts && static_cast<int>(blockIdx.x) >= a.part[k - 1].cta_end) {
+      cta_begin = a.part[k - 1].cta_end;
+      pt = a.part[k];
+    }
+  const int tiles = pt.tiles;
+  const int tile0 = (blockIdx.x - cta_begin) * kTilesPerCta;
+  const int nt_rows = min(kTilesPerCta, tiles - tile0) * 16;  // weight rows of this CTA (<= 64)
+  const int ntile = nt_rows / 16;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kCols;
   const int mc = a.M - m0 < kCols ? static_cast<int>(a.M - m0) : kCols;
   const int z = blockIdx.z;
@@ -298,6 +362,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) mm_ternary_kernel(const Ter
   const int b_hi = static_cast<int>(static_cast<int64_t>(a.nblk) * (z + 1) / a.ks);
   const int sb = stage_bytes(mc);
   uint8_t* ring = smem + warp * kStages * sb;
+  const LaneCols<R> lc(mc, g, t);
 
   float acc[kTilesPerCta][4];
 #pragma unroll
@@ -309,8 +374,9 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) mm_ternary_kernel(const Ter
   BlockSrc src;
 #pragma unroll
   for (int i = 0; i < kTilesPerCta; ++i)
-    src.codes[i] = a.codes + ((static_cast<int64_t>(tile0 + min(i, nt - 1)) * a.nblk + first) * 128 + lane * 4);
-  src.scales = a.scales + ((static_cast<int64_t>(tile0 + min(lane >> 1, nt - 1)) * a.nblk + first) * 8 + (lane & 1) * 4);
+    src.codes[i] = pt.codes + ((static_cast<int64_t>(tile0 + min(i, ntile - 1)) * a.nblk + first) * 128 + lane * 4);
+  src.scales =
+      pt.scales + ((static_cast<int64_t>(tile0 + min(lane >> 1, ntile - 1)) * a.nblk + first) * 8 + (lane & 1) * 4);
   src.xq = a.xq + (m0 * a.nblk + first) * kXqBytes;
   src.meta = a.meta + (m0 * a.nblk + first) * 4;
   // The first stages' weights do not depend on earlier kernels: their loads start before pdl_wait(),
@@ -327,7 +393,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) mm_ternary_kernel(const Ter
   for (int j = 0; j < nj; ++j) {
     cp_async_wait<kStages - 2>();
     __syncwarp();
-    block_compute(ring + (j % kStages) * sb, mc, g, t, acc);
+    block_compute<R>(ring + (j % kStages) * sb, mc, g, t, lc, acc);
     __syncwarp();  // every lane is done with the stage that the next issue overwrites
     const int jn = j + kStages - 1;
     if (jn < nj)
@@ -335,69 +401,74 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) mm_ternary_kernel(const Ter
     cp_async_commit();
   }
   cp_async_wait<0>();
+  __syncthreads();  // the rings are free: the warp sums go there
 
-  // The CTA's 4 warp sums, added in warp order by warp 0.
-  __shared__ float red[kWarpsPerCta][kTilesPerCta][4][32];
+  // red[w][m][row]: warp w's sum for activation row m (< R) and CTA weight row (< 64).
+  float* red = reinterpret_cast<float*>(smem);
+  if (2 * t < R)
 #pragma unroll
-  for (int i = 0; i < kTilesPerCta; ++i)
+    for (int i = 0; i < kTilesPerCta; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) red[warp][i][j][lane] = acc[i][j];
+      for (int jj = 0; jj < 4; ++jj)
+        red[(warp * R + 2 * t + (jj & 1)) * 64 + 16 * i + g + (jj >= 2 ? 8 : 0)] = acc[i][jj];
   __syncthreads();
-  if (warp != 0) return;
-  float r[kTilesPerCta][4];
+  // Output (row, m): the warps' sums in warp order.
+  constexpr int kOutPerThread = (64 * kCols + kWarpsPerCta * 32 - 1) / (kWarpsPerCta * 32);
+  float out[kOutPerThread];
 #pragma unroll
-  for (int i = 0; i < kTilesPerCta; ++i)
+  for (int k = 0; k < kOutPerThread; ++k) {
+    const int o = threadIdx.x + k * kWarpsPerCta * 32, row = o & 63, m = o >> 6;
+    out[k] = 0.0f;
+    if (m < mc && row < nt_rows) {
+      float s = red[m * 64 + row];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float s = red[0][i][j][lane];
-#pragma unroll
-      for (int w = 1; w < kWarpsPerCta; ++w) s += red[w][i][j][lane];
-      r[i][j] = s;
+      for (int w = 1; w < kWarpsPerCta; ++w) s += red[(w * R + m) * 64 + row];
+      out[k] = s;
     }
+  }
 
   if (a.ks > 1) {
     // k split over CTAs: publish this CTA's sums; the last CTA of the (x, y) tile adds the ks parts
     // in split order and stores y.
-    const int64_t slab = static_cast<int64_t>(kCols) * a.Np;
+    // Partial rows are numbered over the launch: CTA x's rows are 64 x .. 64 x + 63.
+    const int64_t prows = static_cast<int64_t>(gridDim.x) * 64, prow0 = static_cast<int64_t>(blockIdx.x) * 64;
+    const int64_t slab = static_cast<int64_t>(kCols) * prows;
     float* part = a.partial + (static_cast<int64_t>(z) * gridDim.y + blockIdx.y) * slab;
 #pragma unroll
-    for (int i = 0; i < kTilesPerCta; ++i)
-      if (i < nt)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          part[(2 * t + (j & 1)) * a.Np + (tile0 + i) * 16 + g + (j >= 2 ? 8 : 0)] = r[i][j];
+    for (int k = 0; k < kOutPerThread; ++k) {
+      const int o = threadIdx.x + k * kWarpsPerCta * 32, row = o & 63, m = o >> 6;
+      if (m < mc && row < nt_rows) part[m * prows + prow0 + row] = out[k];
+    }
     __threadfence();
-    __syncwarp();
-    unsigned* sem = a.sem + static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
-    unsigned prev = 0;
-    if (lane == 0) prev = atomicAdd(sem, 1u);
-    prev = __shfl_sync(0xffffffffu, prev, 0);
-    if (prev != static_cast<unsigned>(a.ks - 1)) return;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned* sem = a.sem + static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+      const unsigned prev = atomicAdd(sem, 1u);
+      last_cta = prev == static_cast<unsigned>(a.ks - 1);
+      if (last_cta) *sem = 0;  // ready for the next launch
+    }
+    __syncthreads();
+    if (!last_cta) return;
     __threadfence();
     const float* base = a.partial + static_cast<int64_t>(blockIdx.y) * slab;
     const int64_t zstride = static_cast<int64_t>(gridDim.y) * slab;
 #pragma unroll
-    for (int i = 0; i < kTilesPerCta; ++i)
-      if (i < nt)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int64_t off = (2 * t + (j & 1)) * a.Np + (tile0 + i) * 16 + g + (j >= 2 ? 8 : 0);
-          float s = __ldcg(base + off);
-          for (int zz = 1; zz < a.ks; ++zz) s += __ldcg(base + zz * zstride + off);
-          r[i][j] = s;
-        }
-    if (lane == 0) *sem = 0;  // ready for the next launch
-  }
-
-#pragma unroll
-  for (int i = 0; i < kTilesPerCta; ++i)
-    if (i < nt)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t row = static_cast<int64_t>(tile0 + i) * 16 + g + (j >= 2 ? 8 : 0);
-        const int col = 2 * t + (j & 1);
-        if (row < a.N && col < mc) a.y[(m0 + col) * a.N + row] = r[i][j];
+    for (int k = 0; k < kOutPerThread; ++k) {
+      const int o = threadIdx.x + k * kWarpsPerCta * 32, row = o & 63, m = o >> 6;
+      if (m < mc && row < nt_rows) {
+        const int64_t off = m * prows + prow0 + row;
+        float s = __ldcg(base + off);
+        for (int zz = 1; zz < a.ks; ++zz) s += __ldcg(base + zz * zstride + off);
+        out[k] = s;
       }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kOutPerThread; ++k) {
+    const int o = threadIdx.x + k * kWarpsPerCta * 32, row = o & 63, m = o >> 6;
+    const int64_t grow = static_cast<int64_t>(tile0) * 16 + row;
+    if (m < mc && row < nt_rows && grow < pt.N) pt.y[(m0 + m) * pt.N + grow] = out[k];
+  }
 }
 
 // ---- get_rows: one thread per element --------------------------------------------------------------
@@ -428,71 +499,104 @@ __global__ void get_rows_ternary_kernel(const uint32_t* __restrict__ codes, cons
 
 }  // namespace
 
-int ternary_splits(int64_t out, int64_t in, int num_sms) {
-  const int64_t ctas = (padded_rows(out) / 16 + kTilesPerCta - 1) / kTilesPerCta;
+// CTAs (64-row tiles) of an out-row weight.
+int64_t ternary_ctas(int64_t out) { return (padded_rows(out) / 16 + kTilesPerCta - 1) / kTilesPerCta; }
+
+int ternary_splits_for(int64_t ctas, int64_t in, int num_sms) {
   const int64_t nblk = in / 128;
   // As many CTAs as fit in one wave at 4 CTAs (16 warps) per SM: a GEMV needs every warp it can get
   // for bytes in flight, and a second wave would double the time.
-  const int64_t want = 4 * static_cast<int64_t>(std::max(num_sms, 1)) / ctas;
+  const int64_t want = 4 * static_cast<int64_t>(std::max(num_sms, 1)) / std::max<int64_t>(ctas, 1);
   const int64_t most = std::max<int64_t>(1, nblk / (2 * kWarpsPerCta));  // >= 2 blocks per warp
   return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 16)));
 }
 
+int ternary_splits(int64_t out, int64_t in, int num_sms) { return ternary_splits_for(ternary_ctas(out), in, num_sms); }
+
 constexpr int64_t kMaxRowsPerLaunch = 65535;  // grid.y of the activation quantizer
 
-TernaryScratch ternary_scratch(const DevWeight& w, int64_t M, int num_sms) {
+TernaryScratch ternary_group_scratch(const DevWeight* const* ws, int n, int64_t M, int num_sms) {
   TernaryScratch need;
+  if (n <= 0) return need;
+  const int64_t in = ws[0]->in;
   const int64_t rows = std::min(M, kMaxRowsPerLaunch);
-  need.xq_bytes = static_cast<size_t>(rows) * (w.in / 128) * (kXqBytes + kXqMeta);
-  const int ks = ternary_splits(w.out, w.in, num_sms);
+  need.xq_bytes = static_cast<size_t>(rows) * (in / 128) * (kXqBytes + kXqMeta);
+  int64_t gx = 0;
+  for (int k = 0; k < n; ++k) gx += ternary_ctas(ws[k]->out);
+  const int ks = ternary_splits_for(gx, in, num_sms);
   if (ks <= 1) return need;
   const int64_t gy = (rows + kCols - 1) / kCols;
-  const int64_t gx = (padded_rows(w.out) / 16 + kTilesPerCta - 1) / kTilesPerCta;
   need.sem_bytes = static_cast<size_t>(gx * gy) * sizeof(unsigned);
-  need.partial_bytes = static_cast<size_t>(ks) * gy * kCols * padded_rows(w.out) * sizeof(float);
+  need.partial_bytes = static_cast<size_t>(ks) * gy * kCols * gx * 64 * sizeof(float);
   return need;
 }
 
-void launch_matmul_ternary(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf,
-                           int num_sms, cudaStream_t s) {
+TernaryScratch ternary_scratch(const DevWeight& w, int64_t M, int num_sms) {
+  const DevWeight* one[1] = {&w};
+  return ternary_group_scratch(one, 1, M, num_sms);
+}
+
+void launch_matmul_ternary_group(const DevWeight* const* ws, float* const* ys, int n, const float* x,
+                                 int64_t M, const TernaryBuffers& buf, int num_sms, cudaStream_t s) {
+  if (n <= 0 || n > kTernaryMaxGroup || M <= 0) return;
   TernaryArgs a{};
-  a.codes = reinterpret_cast<const uint32_t*>(w.data);
-  a.scales = reinterpret_cast<const uint32_t*>(w.scales);
-  a.N = w.out;
-  a.Np = padded_rows(w.out);
-  a.nblk = static_cast<int>(w.in / 128);
-  a.ks = ternary_splits(w.out, w.in, num_sms);
+  a.nparts = n;
+  const int64_t in = ws[0]->in;
+  a.nblk = static_cast<int>(in / 128);
+  int64_t gx = 0;
+  for (int k = 0; k < n; ++k) {
+    TernaryPart& p = a.part[k];
+    p.codes = reinterpret_cast<const uint32_t*>(ws[k]->data);
+    p.scales = reinterpret_cast<const uint32_t*>(ws[k]->scales);
+    p.N = ws[k]->out;
+    p.tiles = static_cast<int>(padded_rows(ws[k]->out) / 16);
+    gx += ternary_ctas(ws[k]->out);
+    p.cta_end = static_cast<int>(gx);
+  }
+  a.ks = ternary_splits_for(gx, in, num_sms);
   a.partial = buf.partial;
   a.sem = buf.sems;
-  const int64_t gx = (a.Np / 16 + kTilesPerCta - 1) / kTilesPerCta;
   static bool attr_set = false;
-  if (!attr_set) {  // rings above the 48 KB default
-    cudaFuncSetAttribute(mm_ternary_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         kWarpsPerCta * 4 * stage_bytes(4));
-    cudaFuncSetAttribute(mm_ternary_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         kWarpsPerCta * 2 * stage_bytes(kCols));
+  if (!attr_set) {  // rings above the 48 KB default; the largest shared-memory carveout so 4 CTAs fit
+    const auto setup = [](auto kernel, int bytes) {
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    };
+    setup(mm_ternary_kernel<4, 2>, kWarpsPerCta * 4 * stage_bytes(2));
+    setup(mm_ternary_kernel<4, 4>, kWarpsPerCta * 4 * stage_bytes(4));
+    setup(mm_ternary_kernel<2, 8>, kWarpsPerCta * 2 * stage_bytes(kCols));
     attr_set = true;
   }
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRowsPerLaunch) {
     a.M = std::min(kMaxRowsPerLaunch, M - m0);
-    a.y = y + m0 * w.out;
+    for (int k = 0; k < n; ++k) a.part[k].y = ys[k] + m0 * ws[k]->out;
     auto* xq = static_cast<uint8_t*>(buf.xq);
     auto* meta = reinterpret_cast<int32_t*>(xq + static_cast<size_t>(a.M) * a.nblk * kXqBytes);
     if (!buf.xq_ready || m0 > 0)
-      launch_pdl(quantize_x24_kernel, dim3(static_cast<unsigned>(a.nblk), static_cast<unsigned>(a.M)), 128, 0, s, 
-          x + m0 * w.in, w.in, a.nblk, xq, meta);
+      launch_pdl(quantize_x24_kernel, dim3(static_cast<unsigned>(a.nblk), static_cast<unsigned>(a.M)), 128, 0, s,
+                 x + m0 * in, in, a.nblk, xq, meta);
     a.xq = xq;
     a.meta = meta;
     const int64_t gy = (a.M + kCols - 1) / kCols;
     const int mc = static_cast<int>(std::min<int64_t>(a.M, kCols));  // rows staged: the largest tile's
     const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(a.ks));
     // Ring depth: 4 stages up to 4 activation rows (decode: 41 KB per CTA), 2 beyond (verify: 43 KB),
-    // so that 4+ CTAs fit per SM either way. Scheduling only: the arithmetic is the same.
-    if (mc <= 4)
-      launch_pdl(mm_ternary_kernel<4>, grid, kWarpsPerCta * 32, kWarpsPerCta * 4 * stage_bytes(mc), s, a);
+    // so that 4 CTAs fit per SM either way; R (rows per plane group) from the widest tile. Scheduling
+    // and column placement only: the arithmetic of a row is the same.
+    if (mc <= 2)
+      launch_pdl(mm_ternary_kernel<4, 2>, grid, kWarpsPerCta * 32, kWarpsPerCta * 4 * stage_bytes(mc), s, a);
+    else if (mc <= 4)
+      launch_pdl(mm_ternary_kernel<4, 4>, grid, kWarpsPerCta * 32, kWarpsPerCta * 4 * stage_bytes(mc), s, a);
     else
-      launch_pdl(mm_ternary_kernel<2>, grid, kWarpsPerCta * 32, kWarpsPerCta * 2 * stage_bytes(mc), s, a);
+      launch_pdl(mm_ternary_kernel<2, 8>, grid, kWarpsPerCta * 32, kWarpsPerCta * 2 * stage_bytes(mc), s, a);
   }
+}
+
+void launch_matmul_ternary(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf,
+                           int num_sms, cudaStream_t s) {
+  const DevWeight* one[1] = {&w};
+  float* const ys[1] = {y};
+  launch_matmul_ternary_group(one, ys, 1, x, M, buf, num_sms, s);
 }
 
 void launch_get_rows_ternary(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s) {
