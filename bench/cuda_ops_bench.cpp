@@ -182,10 +182,12 @@ void bench_matmul_prefill(Backend& be, Out& out) {
 int main(int argc, char** argv) {
   bool quick = false, model_only = false, gdn_only = false, prefill_only = false;
   std::string model_path, out_path, only_type, only_shape;  // --matmul TYPE[:SHAPE]: that matmul alone
+  bool warm_l2 = false;  // --warm-l2: one copy of the matrix (served from L2 when it fits): the L2 bound
   int n_tokens = 64;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
+    else if (a == "--warm-l2") warm_l2 = true;
     else if (a == "--model-only") model_only = true;
     else if (a == "--gdn") gdn_only = true;
     else if (a == "--prefill") prefill_only = true;
@@ -199,7 +201,7 @@ int main(int argc, char** argv) {
       if (colon != std::string::npos) only_shape = v.substr(colon + 1);
     } else {
       fmt::print(stderr,
-                 "usage: bench_cuda_ops [--quick] [--model FILE [--model-only]] [--tokens N] [--gdn] [--prefill] [--matmul TYPE[:SHAPE]] [--out FILE.md]\n");
+                 "usage: bench_cuda_ops [--quick] [--model FILE [--model-only]] [--tokens N] [--gdn] [--prefill] [--matmul TYPE[:SHAPE] [--warm-l2]] [--out FILE.md]\n");
       return 2;
     }
   }
@@ -257,7 +259,7 @@ int main(int argc, char** argv) {
         if (t == GgmlType::BF16 && s.in * s.out > 5120 * 17408) continue;
         const std::vector<uint8_t> host = make_weight(t, s.in, s.out, seed++);
         const double mb = host.size() / 1e6;
-        const int copies = std::max(1, static_cast<int>(std::ceil(256.0 / mb)));
+        const int copies = warm_l2 ? 1 : std::max(1, static_cast<int>(std::ceil(256.0 / mb)));
         std::vector<WeightRef> ws;
         for (int c = 0; c < copies; ++c) ws.push_back(be->upload_weight(host.data(), t, s.in, s.out));
         const size_t dev_bytes = cuda::weight_device_bytes(*be, ws[0]);
@@ -323,12 +325,28 @@ int main(int argc, char** argv) {
       float* signs = dev_rand(17408);
       row("hadamard fwd", "1x5120 (block 1024)", [&] { be->hadamard(x, signs, nullptr, y, 1, E, 1024, false); });
       row("hadamard fwd", "1x17408", [&] { be->hadamard(x, signs, nullptr, y, 1, 17408, 1024, false); });
+      {  // matmul-input chains (Backend::residual_norm_rotate etc.: their op sequences on CUDA)
+        float* xr = dev_rand(17408);
+        float* n = dev_rand(17408);
+        float* z = dev_rand(17408);
+        std::vector<int32_t> hperm(6144);
+        for (int i = 0; i < 6144; ++i) hperm[i] = (i * 7) % 6144;  // a permutation (7 is coprime to 6144)
+        int32_t* perm = static_cast<int32_t*>(be->alloc(6144 * 4));
+        be->upload(perm, hperm.data(), 6144 * 4);
+        const Backend::Rotation rot{signs, nullptr, 1024}, rot_perm{signs, perm, 1024};
+        row("residual_norm_rotate", "1x5120 (+res, block 1024)",
+            [&] { be->residual_norm_rotate(xr, y, w, n, z, rot, 1, E, 1e-6f); });
+        row("swiglu_rotate", "1x17408 (block 1024)", [&] { be->swiglu_rotate(x, y, z, rot, 1, 17408); });
+        row("gated_norm_rotate", "1x6144, heads of 128, perm", [&] {
+          be->gated_norm_rotate(x, w, y, z, rot_perm, 1, 6144, 128, 1e-6f);
+        });
+      }
       int32_t* pos = static_cast<int32_t*>(be->alloc(64 * 4));
       std::vector<int32_t> hp(8);
       for (int i = 0; i < 8; ++i) hp[i] = 4000 + i;
       be->upload(pos, hp.data(), 32);
       row("rope_neox", "1x24x256 (64 rot)", [&] { be->rope_neox(x, pos, 1, 24, 256, 64, 1e7f); });
-      for (int64_t keys : {1024, 4096, 32768}) {
+      for (int64_t keys : {576, 1024, 4096, 32768}) {
         float* kc = dev_rand(keys * 4 * 256);
         float* vc = dev_rand(keys * 4 * 256);
         float* q = dev_rand(8 * 24 * 256, 0.06f);

@@ -25,6 +25,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int threads) {
     DFLASH_CHECK(index < n, "--device {}: only {} CUDA device(s) (cuda:0..cuda:{})", device, n, n - 1);
     return make_cuda_backend(index);
 #else
+    (void)index;
     fail("--device {}: this dflash was built without CUDA (nvcc was not found at build time); use --device cpu",
          device);
 #endif

@@ -175,9 +175,14 @@ class Qwen35Model final : public TargetModel {
   void allocate_state();
   // Returns x rotated for a matmul with `in` inputs when `rotate` (into scratch), else x itself.
   const float* rotated(const float* x, int64_t M, int64_t in, bool rotate, float* scratch, const int32_t* perm = nullptr);
-  void attention_block(int il, const float* n, float* y, int64_t M);
-  void gdn_block(int il, const float* n, float* y, int64_t M, bool undoable);
-  void ffn_block(int il, const float* n, float* y, int64_t M);
+  // The rotation of a matmul input of width `in` (block 0 when not rotated).
+  Backend::Rotation rotation(int64_t in, bool rotate, const int32_t* perm = nullptr) const;
+  // x_ += res (when res), n_ = rms_norm(x_) * norm; returns the matmul input: rot_ (rotated) or n_.
+  const float* norm_input(const float* res, const float* norm, bool rotate, int64_t M);
+  // n: the normed block input; nin: the same rotated for the block's input matmuls (or n).
+  void attention_block(int il, const float* nin, float* y, int64_t M);
+  void gdn_block(int il, const float* n, const float* nin, float* y, int64_t M, bool undoable);
+  void ffn_block(int il, const float* nin, float* y, int64_t M);
   // The ops of one forward after its inputs are uploaded: embedding .. argmax (no host waits).
   void forward_ops(int64_t M, const ForwardOptions& opts, int64_t first_logit_row);
   // y = x . w^T, through the prefill kernel during a long non-undoable chunk.
@@ -410,6 +415,20 @@ const float* Qwen35Model::rotated(const float* x, int64_t M, int64_t in, bool ro
   return scratch;
 }
 
+Backend::Rotation Qwen35Model::rotation(int64_t in, bool rotate, const int32_t* perm) const {
+  Backend::Rotation r;
+  if (!rotate) return r;
+  r.signs = in == cfg_.n_embd ? signs_embd_ : in == cfg_.n_ff ? signs_ff_ : in == q_width() ? signs_q_ : signs_inner_;
+  r.perm = perm;
+  r.block = prism_->block_size;
+  return r;
+}
+
+const float* Qwen35Model::norm_input(const float* res, const float* norm, bool rotate, int64_t M) {
+  be_.residual_norm_rotate(x_, res, norm, n_, rot_, rotation(cfg_.n_embd, rotate), M, cfg_.n_embd, cfg_.rms_eps);
+  return rotate ? rot_ : n_;
+}
+
 void Qwen35Model::embed(const int32_t* ids, float* out, int64_t M) {
   be_.get_rows(tok_embd_, ids, out, M);
   if (rot_embd_) be_.hadamard(out, signs_embd_, nullptr, out, M, cfg_.n_embd, prism_->block_size, /*inverse=*/true);
@@ -424,11 +443,10 @@ void Qwen35Model::lm_head(const float* h, float* logits, int64_t M) {
   }
 }
 
-void Qwen35Model::attention_block(int il, const float* n, float* y, int64_t M) {
+void Qwen35Model::attention_block(int il, const float* nin, float* y, int64_t M) {
   const LayerWeights& w = layers_[il];
   LayerState& s = state_[il];
   const int64_t hd = cfg_.head_dim, H = cfg_.n_head, Hkv = cfg_.n_head_kv;
-  const float* nin = rotated(n, M, cfg_.n_embd, w.rot_attn_in, rot_);
   // attn_q rows are [q(hd) | gate(hd)] per head when the output is gated: split as [M*H, 2*hd] -> q,
   // gate [M*H, hd] below.
   mm_group({{&w.wq, cfg_.attn_output_gate ? big0_ : q_}, {&w.wk, k_}, {&w.wv, v_}}, nin, M);
@@ -449,12 +467,11 @@ void Qwen35Model::attention_block(int il, const float* n, float* y, int64_t M) {
   mm(w.wo, oin, y, M);
 }
 
-void Qwen35Model::gdn_block(int il, const float* n, float* y, int64_t M, bool undoable) {
+void Qwen35Model::gdn_block(int il, const float* n, const float* nin, float* y, int64_t M, bool undoable) {
   const LayerWeights& w = layers_[il];
   LayerState& s = state_[il];
   const int64_t Hk = cfg_.ssm_k_heads, Hv = cfg_.ssm_v_heads, dk = cfg_.ssm_head_k, dv = cfg_.ssm_head_v();
   const int64_t C = conv_dim(), K = cfg_.ssm_conv_kernel;
-  const float* nin = rotated(n, M, cfg_.n_embd, w.rot_attn_in, rot_);
   mm_group({{&w.w_qkv, big0_}, {&w.w_gate, gate_}}, nin, M);  // [M, C] pre-conv, z [M, inner]
   const float* nab = w.rot_alpha_beta ? (w.rot_attn_in ? nin : rotated(n, M, cfg_.n_embd, true, rot2_)) : n;
   // An undoable forward keeps the recurrence's inputs per layer (rollback replays them).
@@ -485,17 +502,18 @@ void Qwen35Model::gdn_block(int il, const float* n, float* y, int64_t M, bool un
     be_.gdn_chunked(q, k, v, g, beta, s.ssm_state, attn_, M, shape);
   else
     be_.gdn_recurrent(q, k, v, g, beta, s.ssm_state, attn_, nullptr, M, shape);
-  be_.rms_norm_gated(attn_, w.ssm_norm, gate_, attn_, M * Hv, dv, cfg_.rms_eps);
-  const float* oin = rotated(attn_, M, cfg_.ssm_inner, w.rot_attn_out, rot_, ssm_out_perm_);
+  // rms_norm_gated per V head, then (prism) the rotation of ssm_out's input, in grouped V order
+  float* oin = w.rot_attn_out ? rot_ : attn_;
+  be_.gated_norm_rotate(attn_, w.ssm_norm, gate_, oin, rotation(cfg_.ssm_inner, w.rot_attn_out, ssm_out_perm_), M,
+                        Hv * dv, dv, cfg_.rms_eps);
   mm(w.w_ssm_out, oin, y, M);
 }
 
-void Qwen35Model::ffn_block(int il, const float* n, float* y, int64_t M) {
+void Qwen35Model::ffn_block(int il, const float* nin, float* y, int64_t M) {
   const LayerWeights& w = layers_[il];
-  const float* nin = rotated(n, M, cfg_.n_embd, w.rot_ffn_in, rot_);
   mm_group({{&w.ffn_gate, big0_}, {&w.ffn_up, big1_}}, nin, M);
-  be_.swiglu(big0_, big1_, big2_, M * cfg_.n_ff);
-  const float* din = rotated(big2_, M, cfg_.n_ff, w.rot_ffn_down, rot_);
+  float* din = w.rot_ffn_down ? rot_ : big2_;
+  be_.swiglu_rotate(big0_, big1_, din, rotation(cfg_.n_ff, w.rot_ffn_down), M, cfg_.n_ff);
   mm(w.ffn_down, din, y, M);
 }
 
@@ -509,19 +527,21 @@ void Qwen35Model::forward_ops(int64_t M, const ForwardOptions& opts, int64_t fir
       if (taps_[t] == layer_input) be_.copy_rows(taps_buf_ + t * E, n_taps * E, x_, E, M, E);
   };
 
+  // Each block's output y_ joins the residual x_ in the next norm (residual_norm_rotate).
+  const float* res = nullptr;
   for (int64_t il = 0; il < cfg_.n_layer; ++il) {
-    capture_taps(il);
     const LayerWeights& w = layers_[il];
-    be_.rms_norm(x_, w.attn_norm, n_, M, E, cfg_.rms_eps);
+    const float* nin = norm_input(res, w.attn_norm, w.rot_attn_in, M);
+    capture_taps(il);  // x_ is layer il's input now
     if (w.attention)
-      attention_block(il, n_, y_, M);
+      attention_block(il, nin, y_, M);
     else
-      gdn_block(il, n_, y_, M, opts.undoable);
-    be_.add(x_, y_, x_, M * E);
-    be_.rms_norm(x_, w.post_attn_norm, n_, M, E, cfg_.rms_eps);
-    ffn_block(il, n_, y_, M);
-    be_.add(x_, y_, x_, M * E);
+      gdn_block(il, n_, nin, y_, M, opts.undoable);
+    nin = norm_input(y_, w.post_attn_norm, w.rot_ffn_in, M);
+    ffn_block(il, nin, y_, M);
+    res = y_;
   }
+  if (res) be_.add(x_, res, x_, M * E);
   capture_taps(cfg_.n_layer);
   if (opts.logits != LogitRows::kNone) {
     const int64_t rows = M - first;

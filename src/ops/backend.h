@@ -125,6 +125,38 @@ class Backend {
   virtual void hadamard(const float* x, const float* signs, const int32_t* perm, float* y, int64_t rows, int64_t n,
                         int64_t block, bool inverse) = 0;
 
+  // ---- matmul inputs: norm or gate, then rotation (SPEC 3: rotate once per input) -------------------
+  // Each writes a matmul's input row by row; with rot.block > 0 the row is then rotated (the forward
+  // hadamard() above, with rot.signs and rot.perm) into y. The defaults are the op sequences written
+  // out below; a backend may fuse them (CUDA: one kernel that also quantizes the matmul input for the
+  // ternary kernel that reads it next). Rows are independent: nothing depends on the number of rows.
+  struct Rotation {
+    const float* signs = nullptr;    // may be null (all +1)
+    const int32_t* perm = nullptr;   // may be null
+    int64_t block = 0;               // 0: no rotation
+  };
+  // if res: x += res (x updated); n = rms_norm(x, w, eps); if rot: y = H(n), else y unused (may be
+  // null; the matmul input is n). x, n, y distinct.
+  virtual void residual_norm_rotate(float* x, const float* res, const float* w, float* n, float* y,
+                                    const Rotation& rot, int64_t rows, int64_t dim, float eps) {
+    if (res) add(x, res, x, rows * dim);
+    rms_norm(x, w, n, rows, dim, eps);
+    if (rot.block > 0) hadamard(n, rot.signs, rot.perm, y, rows, dim, rot.block, /*inverse=*/false);
+  }
+  // y = swiglu(gate, up), then rotated in place when rot. y distinct from gate and up.
+  virtual void swiglu_rotate(const float* gate, const float* up, float* y, const Rotation& rot, int64_t rows,
+                             int64_t dim) {
+    swiglu(gate, up, y, rows * dim);
+    if (rot.block > 0) hadamard(y, rot.signs, rot.perm, y, rows, dim, rot.block, /*inverse=*/false);
+  }
+  // y = rms_norm_gated(x, w, z) over heads of head_dim (w has head_dim values), then rotated in place
+  // when rot. y may equal x.
+  virtual void gated_norm_rotate(const float* x, const float* w, const float* z, float* y, const Rotation& rot,
+                                 int64_t rows, int64_t dim, int64_t head_dim, float eps) {
+    rms_norm_gated(x, w, z, y, rows * (dim / head_dim), head_dim, eps);
+    if (rot.block > 0) hadamard(y, rot.signs, rot.perm, y, rows, dim, rot.block, /*inverse=*/false);
+  }
+
   // ---- attention ----------------------------------------------------------------------------
   // NeoX RoPE in place on x[M, heads, head_dim]: the first n_rot dims of each head, pairs (i, i + n_rot/2),
   // angle pos[m] * theta^(-2i/n_rot).

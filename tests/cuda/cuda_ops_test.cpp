@@ -325,6 +325,29 @@ TEST(CudaOps, Attention) {
   attention_case(3, 32, 8, 128, 100, {0, 1, 5, 60, 0, 100}, 23, "drafter-like");
   attention_case(4, 4, 2, 64, 50, {0, 0, 0, 7, 3, 9, 0, 50}, 24, "tiny with empty range");
   attention_case(2, 4, 2, 16, 40, {0, 33, 0, 40}, 25, "head_dim 16");
+  // Cluster kernel paths (attention.cu): keys in tiles of 32 at absolute positions, cut into 16 (or 8)
+  // segments per row; decode layout for one row, verify layout (<= 4 rows per CTA) for larger M.
+  // 27B shape, decode at tile edges: 1 key, 32, 33, a range starting mid-tile, one over 16 segments.
+  attention_case(1, 24, 4, 256, 40, {0, 1}, 26, "decode 1 key");
+  attention_case(1, 24, 4, 256, 64, {0, 32}, 27, "decode 32 keys");
+  attention_case(1, 24, 4, 256, 100, {17, 50}, 28, "decode mid-tile range");
+  attention_case(1, 24, 4, 256, 600, {0, 577}, 29, "decode 577 keys");
+  // verify rows with different ranges (union of tiles shared, each row masked to its own), empty rows
+  attention_case(8, 24, 4, 256, 700, {0, 1, 0, 0, 5, 37, 31, 33, 0, 513, 100, 700, 699, 700, 0, 640}, 30,
+                 "verify rows of different ranges");
+  // 16 causal rows across 1024 keys: ceil(tiles / 16) changes between rows (segment bounds differ)
+  std::vector<int32_t> r16;
+  for (int m = 0; m < 16; ++m) r16.insert(r16.end(), {0, 1017 + m});
+  attention_case(16, 24, 4, 256, 1040, r16, 31, "verify 16 rows across 1024");
+  // many rows, small heads: the verify layout whatever the cluster residency
+  std::vector<int32_t> r32;
+  for (int m = 0; m < 32; ++m) r32.insert(r32.end(), {m % 5 == 4 ? 3 : 0, 200 + 7 * m});
+  attention_case(32, 4, 2, 64, 420, r32, 32, "verify 32 rows head_dim 64");
+  // head_dim not a multiple of 4 (4-byte copies), 12 and 9 heads per KV head (two head chunks), 512
+  attention_case(5, 6, 2, 10, 90, {0, 90, 7, 8, 31, 33, 33, 64, 40, 41}, 33, "head_dim 10");
+  attention_case(6, 24, 2, 48, 700, {0, 1, 0, 700, 650, 700, 1, 513, 31, 32, 0, 0}, 34, "12 heads per kv head");
+  attention_case(3, 9, 1, 32, 200, {5, 199, 0, 200, 64, 96}, 35, "9 heads, 1 kv head");
+  attention_case(2, 8, 2, 512, 300, {0, 300, 3, 270}, 36, "head_dim 512");
 }
 
 // ---- Gated DeltaNet -------------------------------------------------------------------------------

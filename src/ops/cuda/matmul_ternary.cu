@@ -33,17 +33,25 @@
 //
 // Work split: a CTA (4 warps) owns 4 tiles (64 weight rows) x 8 activation rows x a k-range; warp w
 // takes blocks b_lo + w, + 4, ... of it in order; the 4 warp sums are added in warp order; with a
-// k split over CTAs (ks > 1, a function of the weight's shape and the GPU) the ks partial sums are
-// added in split order by the CTA that finishes last. Each warp streams its blocks through a
+// k split over CTAs (ks <= 8, a function of the weights' shapes and the GPU, never of M) the ks CTAs
+// of a (tile, rows) pair form one thread-block cluster, and CTA 0 of the cluster adds the ks partial
+// sums in split order, reading them from the others' shared memory (no global round trip, no
+// atomics). A launch may cover up to 4 weights that share the input (matmul_group), each weight's
+// tiles a range of grid.x. Each warp streams its blocks through a
 // cp.async ring in shared memory (4 stages up to 4 activation rows, 2 beyond), so the next blocks' loads
 // are in flight while one computes.
 #include <algorithm>
+#include <cstdlib>
+
+#include <cooperative_groups.h>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
 
 namespace dflash::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kTilesPerCta = 4;  // 16-row tiles per CTA (64 weight rows)
 constexpr int kWarpsPerCta = 4;  // warps per CTA, splitting the CTA's blocks
@@ -166,8 +174,6 @@ struct TernaryArgs {
   int nparts;
   const uint8_t* xq;    // quantized activations [M][nblk][384 B]
   const int32_t* meta;  // [M][nblk][4]
-  float* partial;  // ks > 1: [ks][gridDim.y][8][rows = 64 gridDim.x]
-  unsigned* sem;   // ks > 1: [gridDim.y][gridDim.x] arrival counters, 0 between launches
   int64_t M;
   int nblk, ks;
 };
@@ -340,7 +346,6 @@ __device__ __forceinline__ void block_compute(const uint8_t* stage, int mc, int 
 template <int kStages, int R>
 __global__ void __launch_bounds__(kWarpsPerCta * 32, 4) mm_ternary_kernel(const TernaryArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ int last_cta;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   // This CTA's weight (part) and its first tile in that weight.
   TernaryPart pt = a.part[0];
@@ -428,40 +433,24 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, 4) mm_ternary_kernel(const 
   }
 
   if (a.ks > 1) {
-    // k split over CTAs: publish this CTA's sums; the last CTA of the (x, y) tile adds the ks parts
-    // in split order and stores y.
-    // Partial rows are numbered over the launch: CTA x's rows are 64 x .. 64 x + 63.
-    const int64_t prows = static_cast<int64_t>(gridDim.x) * 64, prow0 = static_cast<int64_t>(blockIdx.x) * 64;
-    const int64_t slab = static_cast<int64_t>(kCols) * prows;
-    float* part = a.partial + (static_cast<int64_t>(z) * gridDim.y + blockIdx.y) * slab;
+    // k split over the ks CTAs of a cluster (1, 1, ks): each publishes its sums in its shared memory,
+    // CTA 0 adds the ks parts in split order (distributed shared memory) and stores y; the others
+    // wait at a second barrier until it has read them.
+    cg::cluster_group cluster = cg::this_cluster();
+    float* fin = reinterpret_cast<float*>(smem) + kWarpsPerCta * R * 64;  // [kOutPerThread][128 threads]
 #pragma unroll
-    for (int k = 0; k < kOutPerThread; ++k) {
-      const int o = threadIdx.x + k * kWarpsPerCta * 32, row = o & 63, m = o >> 6;
-      if (m < mc && row < nt_rows) part[m * prows + prow0 + row] = out[k];
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      unsigned* sem = a.sem + static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
-      const unsigned prev = atomicAdd(sem, 1u);
-      last_cta = prev == static_cast<unsigned>(a.ks - 1);
-      if (last_cta) *sem = 0;  // ready for the next launch
-    }
-    __syncthreads();
-    if (!last_cta) return;
-    __threadfence();
-    const float* base = a.partial + static_cast<int64_t>(blockIdx.y) * slab;
-    const int64_t zstride = static_cast<int64_t>(gridDim.y) * slab;
+    for (int k = 0; k < kOutPerThread; ++k) fin[k * kWarpsPerCta * 32 + threadIdx.x] = out[k];
+    cluster.sync();
+    const bool lead = cluster.block_rank() == 0;
+    if (lead)
 #pragma unroll
-    for (int k = 0; k < kOutPerThread; ++k) {
-      const int o = threadIdx.x + k * kWarpsPerCta * 32, row = o & 63, m = o >> 6;
-      if (m < mc && row < nt_rows) {
-        const int64_t off = m * prows + prow0 + row;
-        float s = __ldcg(base + off);
-        for (int zz = 1; zz < a.ks; ++zz) s += __ldcg(base + zz * zstride + off);
+      for (int k = 0; k < kOutPerThread; ++k) {
+        float s = out[k];
+        for (int zz = 1; zz < a.ks; ++zz) s += cluster.map_shared_rank(fin, zz)[k * kWarpsPerCta * 32 + threadIdx.x];
         out[k] = s;
       }
-    }
+    cluster.sync();
+    if (!lead) return;
   }
 #pragma unroll
   for (int k = 0; k < kOutPerThread; ++k) {
@@ -499,16 +488,49 @@ __global__ void get_rows_ternary_kernel(const uint32_t* __restrict__ codes, cons
 
 }  // namespace
 
+// The matmul launch: clusters of the ks split CTAs (grid.z = ks), with programmatic dependent launch.
+void launch_split(void (*kernel)(TernaryArgs), dim3 grid, size_t smem, cudaStream_t s, const TernaryArgs& a) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kWarpsPerCta * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = 1;
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = grid.z;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  cudaLaunchKernelEx(&cfg, kernel, a);
+}
+
 // CTAs (64-row tiles) of an out-row weight.
 int64_t ternary_ctas(int64_t out) { return (padded_rows(out) / 16 + kTilesPerCta - 1) / kTilesPerCta; }
 
+// CTAs per SM that the k split aims at (one wave): DFLASH_CUDA_TERNARY_WAVE (default 3), read once.
+// A device setting, like the SM count: it never depends on M. Measured on the H200 (27B decode step,
+// commit after 1744dbf): 4 -> 7.52 ms, 3 -> 6.95 ms, 2 -> 7.09 ms (fewer, longer-lived warps amortise
+// each warp's fixed prologue and epilogue; 2 leaves SMs short of bytes in flight).
+static int ternary_ctas_per_sm() {
+  static const int v = [] {
+    const char* e = std::getenv("DFLASH_CUDA_TERNARY_WAVE");
+    const int n = e ? std::atoi(e) : 0;
+    return n >= 1 && n <= 8 ? n : 3;
+  }();
+  return v;
+}
+
 int ternary_splits_for(int64_t ctas, int64_t in, int num_sms) {
   const int64_t nblk = in / 128;
-  // As many CTAs as fit in one wave at 4 CTAs (16 warps) per SM: a GEMV needs every warp it can get
-  // for bytes in flight, and a second wave would double the time.
-  const int64_t want = 4 * static_cast<int64_t>(std::max(num_sms, 1)) / std::max<int64_t>(ctas, 1);
+  // As many CTAs as fit in one wave at ternary_ctas_per_sm() CTAs per SM: a GEMV needs warps for bytes
+  // in flight, and a second wave would double the time.
+  const int64_t want = ternary_ctas_per_sm() * static_cast<int64_t>(std::max(num_sms, 1)) / std::max<int64_t>(ctas, 1);
   const int64_t most = std::max<int64_t>(1, nblk / (2 * kWarpsPerCta));  // >= 2 blocks per warp
-  return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 16)));
+  // <= 8: the split CTAs form one cluster (8 is the portable cluster size)
+  return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 8)));
 }
 
 int ternary_splits(int64_t out, int64_t in, int num_sms) { return ternary_splits_for(ternary_ctas(out), in, num_sms); }
@@ -521,13 +543,7 @@ TernaryScratch ternary_group_scratch(const DevWeight* const* ws, int n, int64_t 
   const int64_t in = ws[0]->in;
   const int64_t rows = std::min(M, kMaxRowsPerLaunch);
   need.xq_bytes = static_cast<size_t>(rows) * (in / 128) * (kXqBytes + kXqMeta);
-  int64_t gx = 0;
-  for (int k = 0; k < n; ++k) gx += ternary_ctas(ws[k]->out);
-  const int ks = ternary_splits_for(gx, in, num_sms);
-  if (ks <= 1) return need;
-  const int64_t gy = (rows + kCols - 1) / kCols;
-  need.sem_bytes = static_cast<size_t>(gx * gy) * sizeof(unsigned);
-  need.partial_bytes = static_cast<size_t>(ks) * gy * kCols * gx * 64 * sizeof(float);
+  (void)num_sms;  // the k split is a cluster: no scratch of its own
   return need;
 }
 
@@ -554,8 +570,6 @@ void launch_matmul_ternary_group(const DevWeight* const* ws, float* const* ys, i
     p.cta_end = static_cast<int>(gx);
   }
   a.ks = ternary_splits_for(gx, in, num_sms);
-  a.partial = buf.partial;
-  a.sem = buf.sems;
   static bool attr_set = false;
   if (!attr_set) {  // rings above the 48 KB default; the largest shared-memory carveout so 4 CTAs fit
     const auto setup = [](auto kernel, int bytes) {
@@ -584,11 +598,11 @@ void launch_matmul_ternary_group(const DevWeight* const* ws, float* const* ys, i
     // so that 4 CTAs fit per SM either way; R (rows per plane group) from the widest tile. Scheduling
     // and column placement only: the arithmetic of a row is the same.
     if (mc <= 2)
-      launch_pdl(mm_ternary_kernel<4, 2>, grid, kWarpsPerCta * 32, kWarpsPerCta * 4 * stage_bytes(mc), s, a);
+      launch_split(mm_ternary_kernel<4, 2>, grid, kWarpsPerCta * 4 * stage_bytes(mc), s, a);
     else if (mc <= 4)
-      launch_pdl(mm_ternary_kernel<4, 4>, grid, kWarpsPerCta * 32, kWarpsPerCta * 4 * stage_bytes(mc), s, a);
+      launch_split(mm_ternary_kernel<4, 4>, grid, kWarpsPerCta * 4 * stage_bytes(mc), s, a);
     else
-      launch_pdl(mm_ternary_kernel<2, 8>, grid, kWarpsPerCta * 32, kWarpsPerCta * 2 * stage_bytes(mc), s, a);
+      launch_split(mm_ternary_kernel<2, 8>, grid, kWarpsPerCta * 2 * stage_bytes(mc), s, a);
   }
 }
 
