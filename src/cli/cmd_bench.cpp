@@ -51,7 +51,7 @@ struct BenchArgs {
   int threads = 0;
   int64_t n_prompt = 512;
   int64_t n_gen = 128;
-  int64_t ubatch = 64;
+  int64_t ubatch = 0;  // 0: the backend's prefill_rows() (64 on the CPU, 512 on CUDA)
   int64_t block = 8;
   int reps = 3;
   bool no_spec = false;
@@ -341,7 +341,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-t,--threads", a->threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 1024));
   cmd->add_option("-p,--n-prompt", a->n_prompt, "prompt tokens of the prefill test")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("-n,--n-gen", a->n_gen, "tokens of the decode and speculative tests")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("-u,--ubatch", a->ubatch, "rows per prefill forward")->check(CLI::Range(1, 4096));
+  cmd->add_option("-u,--ubatch", a->ubatch, "rows per prefill forward (default: 64 on the CPU, 512 on CUDA)")
+      ->check(CLI::Range(0, 4096));
   cmd->add_option("--block", a->block, "verify width B (2..8)")->check(CLI::Range(2, 16));
   cmd->add_option("-r,--reps", a->reps, "repetitions of each test")->check(CLI::Range(1, 100));
   cmd->add_flag("--no-spec", a->no_spec, "skip the speculative test");

@@ -228,7 +228,6 @@ void run(RunArgs a) {
     check_drafter_fits_target(dc, drafter_path, read_target_config(file), model_path);
     topts.tap_layers = dc.target_layers;
     topts.max_undo_rows = dc.block_size;
-    topts.max_rows = std::max(topts.max_rows, dc.block_size);
   }
   auto model = TargetModel::load(file, *backend, topts);
   std::unique_ptr<DFlashDrafter> drafter;

@@ -124,8 +124,8 @@ class Qwen35Model final : public TargetModel {
   Qwen35Model(const gguf::File& file, Backend& be, const TargetOptions& opts) : be_(be), arena_(be), graphs_(be) {
     cfg_ = read_target_config(file);
     n_ctx_ = std::min<int64_t>(std::max<int64_t>(opts.n_ctx, 1), std::max<int64_t>(cfg_.n_ctx_train, 1));
-    max_rows_ = std::max<int64_t>(1, opts.max_rows);
     max_undo_rows_ = std::max<int64_t>(1, opts.max_undo_rows);
+    max_rows_ = std::max(opts.max_rows > 0 ? opts.max_rows : be.prefill_rows(), max_undo_rows_);
     taps_ = opts.tap_layers;
     for (int64_t t : taps_)
       DFLASH_CHECK(t >= 0 && t <= cfg_.n_layer, "tap layer {} is outside 0..{} (the target has {} layers)", t,

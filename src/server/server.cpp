@@ -378,7 +378,6 @@ struct Server::Impl {
       check_drafter_fits_target(*dc, o.drafter_path, read_target_config(*m.target_file), o.model_path);
       to.tap_layers = dc->target_layers;
       to.max_undo_rows = dc->block_size;
-      to.max_rows = std::max(to.max_rows, dc->block_size);
       m.block = o.block > 0 ? o.block : dc->block_size;
       DFLASH_CHECK(m.block >= 2 && m.block <= dc->block_size,
                    "--block is {}; the drafter {} supports 2..{}", m.block, o.drafter_path, dc->block_size);

@@ -236,6 +236,79 @@ TEST(CudaMatmul, GroupSharedInput) {
   group_case({{GgmlType::PTQ1_0, 96}, {GgmlType::Q4_K, 64}}, 512, {1, 4}, 730);  // mixed: one matmul each
 }
 
+// ---- matmul-input chains (residual_norm_rotate, swiglu_rotate, gated_norm_rotate) ---------------
+// On CUDA the residual add joins the norm kernel. Checked: every output (x updated, n, y) against the
+// CPU's op sequences within 1e-11, and M-row == 1-row bit for bit.
+struct ChainCase {
+  int mode;  // 0 residual norm, 1 swiglu, 2 gated norm
+  int64_t dim, block, head_dim;
+  bool res, perm;
+};
+
+std::string chain_name(const ChainCase& c) {
+  static const char* names[] = {"residual_norm_rotate", "swiglu_rotate", "gated_norm_rotate"};
+  return fmt::format("{} dim {} block {}{}{}", names[c.mode], c.dim, c.block, c.res ? " +res" : "",
+                     c.perm ? " +perm" : "");
+}
+
+// Runs the chain on `be` for M rows; returns the outputs {x after, n, y} (residual) or {y}.
+std::vector<std::vector<float>> run_chain(Backend& be, const ChainCase& c, int64_t M, const std::vector<float>& a,
+                                          const std::vector<float>& b, const std::vector<float>& w,
+                                          const std::vector<float>& signs, const std::vector<int32_t>& perm) {
+  Buf<float> x(be, a), r(be, b), wb(be, w), sg(be, signs), n(be, M * c.dim), y(be, M * c.dim);
+  Buf<int32_t> pm(be, perm);
+  Backend::Rotation rot;
+  if (c.block > 0) rot = {sg, c.perm ? pm.get_ptr() : nullptr, c.block};
+  if (c.mode == 0) {
+    be.residual_norm_rotate(x, c.res ? r.get_ptr() : nullptr, wb, n, y, rot, M, c.dim, 1e-6f);
+    return {x.get(), n.get(), c.block > 0 ? y.get() : std::vector<float>()};
+  }
+  if (c.mode == 1) {
+    be.swiglu_rotate(x, r, y, rot, M, c.dim);
+    return {y.get()};
+  }
+  be.gated_norm_rotate(x, wb, r, y, rot, M, c.dim, c.head_dim, 1e-6f);
+  return {y.get()};
+}
+
+TEST(CudaOps, MatmulInputChains) {
+  REQUIRE_GPU();
+  const ChainCase cases[] = {
+      {0, 5120, 1024, 0, true, false}, {0, 5120, 1024, 0, false, false}, {0, 5120, 0, 0, true, false},
+      {0, 256, 128, 0, true, false},   {1, 17408, 1024, 0, false, false}, {1, 1024, 256, 0, false, false},
+      {1, 640, 0, 0, false, false},    {2, 6144, 1024, 128, false, true}, {2, 6144, 1024, 128, false, false},
+      {2, 512, 512, 64, false, true},  {2, 384, 0, 128, false, false},    {0, 2048, 64, 0, true, false}};
+  uint32_t seed = 900;
+  for (const ChainCase& c : cases) {
+    std::mt19937 rng(seed++);
+    const int64_t wn = c.mode == 2 ? c.head_dim : c.dim;
+    std::vector<float> w = randn_vec(rng, wn), signs(c.dim);
+    for (auto& v : signs) v = (rng() & 1) ? 1.0f : -1.0f;
+    std::vector<int32_t> perm(c.dim);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    bool rows_same = true;
+    for (int64_t M : {1, 3, 8}) {
+      const auto a = randn_vec(rng, M * c.dim), b = randn_vec(rng, M * c.dim);
+      const auto got = run_chain(gpu(), c, M, a, b, w, signs, perm);
+      const auto ref = run_chain(cpu(), c, M, a, b, w, signs, perm);
+      for (size_t o = 0; o < got.size(); ++o)
+        if (!got[o].empty())
+          check(chain_name(c) + fmt::format(" out {}", o), fmt::format("M={}", M), got[o], ref[o], 1e-11);
+      for (int64_t m = 0; m < M && M > 1; ++m) {
+        const std::vector<float> a1(a.begin() + m * c.dim, a.begin() + (m + 1) * c.dim),
+            b1(b.begin() + m * c.dim, b.begin() + (m + 1) * c.dim);
+        const auto one = run_chain(gpu(), c, 1, a1, b1, w, signs, perm);
+        for (size_t o = 0; o < one.size(); ++o)
+          if (!one[o].empty() && std::memcmp(one[o].data(), got[o].data() + m * c.dim, c.dim * 4) != 0)
+            rows_same = false;
+      }
+    }
+    record({"chain M-row==1-row", chain_name(c), 0, 0, 0, rows_same, rows_same ? "memcmp equal" : "differs"});
+    EXPECT_TRUE(rows_same) << chain_name(c);
+  }
+}
+
 // ---- Hadamard -------------------------------------------------------------------------------------
 
 TEST(CudaOps, Hadamard) {

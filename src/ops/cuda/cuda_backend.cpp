@@ -201,6 +201,7 @@ class CudaBackend final : public Backend {
     run_matmul(dw, x, y, M);
     after("matmul");
   }
+  int64_t prefill_rows() const override { return 512; }
   void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t M) override {
     // One launch when every weight is in the ternary tensor-core layout with the same input width.
     const cuda::DevWeight* ws[cuda::kTernaryMaxGroup];
@@ -224,6 +225,22 @@ class CudaBackend final : public Backend {
     xq_ = XqKey{x, M, dws[0].in, buf.xq, true};
     for (int i = 0; i < n; ++i) note_write(ys[i], sizeof(float) * M * dws[i].out);
     after("matmul");
+  }
+  // The residual add joins the norm kernel (one launch fewer). Fusing the rotation with the ternary
+  // kernel's activation quantization (one warp per 1024-chunk quantizing its 8 blocks) and the whole
+  // chain into one CTA per row were both measured slower at decode than the separate kernels (one
+  // row leaves those kernels a few warps with long serial chains): the rotation stays its own kernel.
+  void residual_norm_rotate(float* x, const float* res, const float* w, float* n, float* y, const Rotation& rot,
+                            int64_t rows, int64_t dim, float eps) override {
+    if (!res) {
+      Backend::residual_norm_rotate(x, res, w, n, y, rot, rows, dim, eps);
+      return;
+    }
+    for_row_slices(rows, [&](int64_t r0, int64_t nr) {
+      cuda::launch_rms_norm_residual(x + r0 * dim, res + r0 * dim, w, n + r0 * dim, nr, dim, eps, stream_);
+    });
+    after("residual_norm_rotate");
+    if (rot.block > 0) hadamard(n, rot.signs, rot.perm, y, rows, dim, rot.block, /*inverse=*/false);
   }
   void matmul_prefill(const WeightRef& w, const float* x, float* y, int64_t M) override {
     const cuda::DevWeight dw = dev_weight(w, "matmul_prefill");
@@ -633,6 +650,7 @@ bool pdl_enabled() {
 
 size_t weight_device_bytes(Backend& be, const WeightRef& w) { return as_cuda(be).weight_bytes(w); }
 std::string weight_layout(Backend& be, const WeightRef& w) { return as_cuda(be).layout_name(w); }
+
 
 double time_ms(Backend& be, int warmup, int iters, const std::function<void()>& fn) {
   CudaBackend& c = as_cuda(be);

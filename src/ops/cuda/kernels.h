@@ -112,6 +112,9 @@ void launch_dflash_conv(const float* x, const float* base, const float* d, int64
 // x may equal y when perm is null; with a perm the caller passes a copy of x (gather reads the whole row).
 void launch_hadamard(const float* x, const float* signs, const int32_t* perm, float* y, int64_t rows, int64_t n,
                      int64_t block, bool inverse, cudaStream_t s);
+// rms_norm of x + res (x updated to x + res, as add() then rms_norm() would leave it): y = norm * w.
+void launch_rms_norm_residual(float* x, const float* res, const float* w, float* y, int64_t rows, int64_t n, float eps,
+                              cudaStream_t s);
 constexpr int64_t kHadamardMaxBlock = 8192;  // FWHT block held in shared memory
 
 // ---- attention (attention.cu) -----------------------------------------------------------------------

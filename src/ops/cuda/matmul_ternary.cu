@@ -176,6 +176,7 @@ struct TernaryArgs {
   const int32_t* meta;  // [M][nblk][4]
   int64_t M;
   int nblk, ks;
+  int kb[9];  // the k split's block boundaries: CTA z takes blocks kb[z] .. kb[z + 1] (no division on the device)
 };
 
 __device__ __forceinline__ void mma_u8s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -363,8 +364,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, 4) mm_ternary_kernel(const 
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kCols;
   const int mc = a.M - m0 < kCols ? static_cast<int>(a.M - m0) : kCols;
   const int z = blockIdx.z;
-  const int b_lo = static_cast<int>(static_cast<int64_t>(a.nblk) * z / a.ks);
-  const int b_hi = static_cast<int>(static_cast<int64_t>(a.nblk) * (z + 1) / a.ks);
+  const int b_lo = a.kb[z], b_hi = a.kb[z + 1];
   const int sb = stage_bytes(mc);
   uint8_t* ring = smem + warp * kStages * sb;
   const LaneCols<R> lc(mc, g, t);
@@ -570,6 +570,7 @@ void launch_matmul_ternary_group(const DevWeight* const* ws, float* const* ys, i
     p.cta_end = static_cast<int>(gx);
   }
   a.ks = ternary_splits_for(gx, in, num_sms);
+  for (int z = 0; z <= a.ks; ++z) a.kb[z] = static_cast<int>(static_cast<int64_t>(a.nblk) * z / a.ks);
   static bool attr_set = false;
   if (!attr_set) {  // rings above the 48 KB default; the largest shared-memory carveout so 4 CTAs fit
     const auto setup = [](auto kernel, int bytes) {

@@ -18,9 +18,10 @@ inline int norm_threads(int64_t n) { return n >= 4096 ? 1024 : n >= 1024 ? 256 :
 
 // mode 0: rms (mean of squares), 1: l2 (sum of squares, times scale), 2: rms gated by silu(z).
 // Thread t takes elements t, t + T, ... (in that order for its sum of squares), then block_sum's tree.
+// kMode 3: rms of x + z (z the residual), x_out = x + z (may be x itself).
 template <int kMode>
-__global__ void norm_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ z,
-                            float* y, int64_t n, float eps, float scale) {
+__global__ void norm_kernel(const float* x, const float* __restrict__ w, const float* __restrict__ z, float* y,
+                            int64_t n, float eps, float scale, float* x_out) {
   pdl_wait();
   __shared__ float sh[32];
   const int64_t r = blockIdx.x;
@@ -35,12 +36,26 @@ __global__ void norm_kernel(const float* __restrict__ x, const float* __restrict
     for (int j = 0; j < kNormRegs; ++j) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
       v[j] = i < n ? xr[i] : 0.0f;
+      if (kMode == 3) v[j] = i < n ? v[j] + z[r * n + i] : 0.0f;
     }
+    if (kMode == 3)
+#pragma unroll
+      for (int j = 0; j < kNormRegs; ++j) {
+        const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
+        if (i < n) x_out[r * n + i] = v[j];
+      }
 #pragma unroll
     for (int j = 0; j < kNormRegs; ++j)
       if (threadIdx.x + static_cast<int64_t>(j) * T < n) ss = fmaf(v[j], v[j], ss);
   } else {
-    for (int64_t i = threadIdx.x; i < n; i += T) ss = fmaf(xr[i], xr[i], ss);
+    for (int64_t i = threadIdx.x; i < n; i += T) {
+      float xi = xr[i];
+      if (kMode == 3) {
+        xi = xi + z[r * n + i];
+        x_out[r * n + i] = xi;
+      }
+      ss = fmaf(xi, xi, ss);
+    }
   }
   ss = block_sum(ss, sh);
   float inv;
@@ -50,7 +65,7 @@ __global__ void norm_kernel(const float* __restrict__ x, const float* __restrict
     inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
   auto out = [&](int64_t i, float xi) {
     const float q = xi * inv;
-    if (kMode == 0)
+    if (kMode == 0 || kMode == 3)
       yr[i] = w ? q * w[i] : q;
     else if (kMode == 1)
       yr[i] = q * scale;
@@ -64,7 +79,7 @@ __global__ void norm_kernel(const float* __restrict__ x, const float* __restrict
       if (i < n) out(i, v[j]);
     }
   } else {
-    for (int64_t i = threadIdx.x; i < n; i += T) out(i, xr[i]);
+    for (int64_t i = threadIdx.x; i < n; i += T) out(i, kMode == 3 ? x_out[r * n + i] : xr[i]);
   }
 }
 
@@ -175,16 +190,21 @@ inline unsigned elem_blocks(int64_t n) {
 
 void launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, cudaStream_t s) {
   if (rows <= 0 || n <= 0) return;
-  launch_pdl(norm_kernel<0>, static_cast<unsigned>(rows), norm_threads(n), 0, s, x, w, nullptr, y, n, eps, 1.0f);
+  launch_pdl(norm_kernel<0>, static_cast<unsigned>(rows), norm_threads(n), 0, s, x, w, nullptr, y, n, eps, 1.0f, nullptr);
+}
+void launch_rms_norm_residual(float* x, const float* res, const float* w, float* y, int64_t rows, int64_t n, float eps,
+                              cudaStream_t s) {
+  if (rows <= 0 || n <= 0) return;
+  launch_pdl(norm_kernel<3>, static_cast<unsigned>(rows), norm_threads(n), 0, s, x, w, res, y, n, eps, 1.0f, x);
 }
 void launch_l2_norm(const float* x, float* y, int64_t rows, int64_t n, float eps, float scale, cudaStream_t s) {
   if (rows <= 0 || n <= 0) return;
-  launch_pdl(norm_kernel<1>, static_cast<unsigned>(rows), norm_threads(n), 0, s, x, nullptr, nullptr, y, n, eps, scale);
+  launch_pdl(norm_kernel<1>, static_cast<unsigned>(rows), norm_threads(n), 0, s, x, nullptr, nullptr, y, n, eps, scale, nullptr);
 }
 void launch_rms_norm_gated(const float* x, const float* w, const float* z, float* y, int64_t rows, int64_t n,
                            float eps, cudaStream_t s) {
   if (rows <= 0 || n <= 0) return;
-  launch_pdl(norm_kernel<2>, static_cast<unsigned>(rows), norm_threads(n), 0, s, x, w, z, y, n, eps, 1.0f);
+  launch_pdl(norm_kernel<2>, static_cast<unsigned>(rows), norm_threads(n), 0, s, x, w, z, y, n, eps, 1.0f, nullptr);
 }
 void launch_add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s) {
   if (n > 0) launch_pdl(add_kernel, elem_blocks(n), 256, 0, s, a, b, y, n);
