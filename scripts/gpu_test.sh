@@ -6,7 +6,8 @@
 #   scripts/gpu_test.sh --stage
 #       on the build machine: builds test_cuda, bench_cuda_ops and dflash in build-cuda (Release,
 #       -j${JOBS:-2}) and stages them with their non-system shared libraries (libfmt, libutf8proc)
-#       in build-cuda/gpu/ (ignored by git; carry that folder to the GPU machine).
+#       in build-cuda/gpu/ and its compressed copy build-cuda/gpu.tgz (ignored by git; carry the .tgz to
+#       the GPU machine: the folder plus the tree pass the device tool's 64 MiB carry limit).
 #
 #   scripts/gpu_test.sh [--no-test] [--no-bench] [--model27 ptq1_0|pq2_0] [--tokens N]
 #       on the GPU machine, from the repository root: runs test_cuda and bench_cuda_ops from
@@ -21,7 +22,7 @@
 #       --profile-step TYPE profiles one decode step of that 27B target with ncu and writes the
 #       per-kernel breakdown (tools/ncu_step_breakdown.py) to $OUT/step_breakdown_TYPE.md.
 #
-# Through the device tool:  run(command="bash scripts/gpu_test.sh", carry=["build-cuda/gpu"])
+# Through the device tool:  run(command="bash scripts/gpu_test.sh", carry=["build-cuda/gpu.tgz"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
 G=build-cuda/gpu
@@ -41,6 +42,10 @@ if [ "${1:-}" = "--stage" ]; then
   git rev-parse HEAD >"$G/COMMIT"
   git status --porcelain -- src/ops/cuda tests/cuda bench/cuda_ops_bench.cpp | grep -q . && echo "+dirty" >>"$G/COMMIT"
   du -sh "$G"
+  # The tree (with the bundled models) and gpu/ together pass the device tool's 64 MiB carry limit:
+  # carry the compressed copy (~22 MB) instead; the GPU-side run unpacks it.
+  tar czf build-cuda/gpu.tgz -C build-cuda gpu
+  du -sh build-cuda/gpu.tgz
   exit 0
 fi
 
@@ -61,6 +66,7 @@ done
 OUT=${OUT:-$PWD/out-gpu}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$G/lib:${LD_LIBRARY_PATH:-}"
+[ -x "$G/test_cuda" ] || [ ! -f build-cuda/gpu.tgz ] || tar xzf build-cuda/gpu.tgz -C build-cuda
 [ -x "$G/test_cuda" ] || { echo "no $G/test_cuda: run scripts/gpu_test.sh --stage first and carry $G" >&2; exit 2; }
 {
   echo "commit: $(cat $G/COMMIT | tr '\n' ' ')"
