@@ -600,27 +600,67 @@ TEST(CudaOps, ArgmaxTopK) {
   const bool am = ag.get() == ac.get();
   record({"argmax", shape_str({M, n}), 0, 0, 0, am && ag.guard_ok(), am ? "ids equal" : "ids differ"});
   EXPECT_TRUE(am);
-  for (int64_t k : {1, 16, 64}) {
-    Buf<int32_t> ig(gpu(), M * k), ic(cpu(), M * k);
-    Buf<float> vg(gpu(), M * k), vc(cpu(), M * k);
-    gpu().top_k(xg, ig, vg, M, n, k);
-    cpu().top_k(xc, ic, vc, M, n, k);
-    const bool same = ig.get() == ic.get() && vg.get() == vc.get();
-    record({fmt::format("top_k k={}", k), shape_str({M, n}), 0, 0, 0, same && ig.guard_ok() && vg.guard_ok(),
-            same ? "ids and values equal" : "differ"});
-    EXPECT_TRUE(same) << k;
+  // top_k: k <= 32 runs the warp-selection path (chunks of 2048 per warp, rounds over the candidates:
+  // k = 32 at n = 248320 takes three rounds), k = 64 the bitonic sort. Both must give the CPU's ids and
+  // value bits exactly. NaN ranks as -inf and comes back as -inf: the CPU comparator is no strict weak
+  // order with NaN, so its reference runs on a copy with NaN replaced by -inf. -0 ties with +0 (lower
+  // index first) and keeps its sign, hence the comparison of bits.
+  auto bits = [](const std::vector<float>& v) {
+    std::vector<uint32_t> b(v.size());
+    std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+    return b;
+  };
+  auto top_k_case = [&](const std::string& what, const std::vector<float>& data, int64_t rows, int64_t len,
+                        int64_t k) {
+    std::vector<float> ref = data;
+    for (float& f : ref)
+      if (std::isnan(f)) f = -INFINITY;
+    Buf<float> dg(gpu(), data), dc(cpu(), ref);
+    Buf<int32_t> ig(gpu(), rows * k), ic(cpu(), rows * k);
+    Buf<float> vg(gpu(), rows * k), vc(cpu(), rows * k);
+    gpu().top_k(dg, ig, vg, rows, len, k);
+    cpu().top_k(dc, ic, vc, rows, len, k);
+    const bool same = ig.get() == ic.get() && bits(vg.get()) == bits(vc.get());
+    const bool guards = ig.guard_ok() && vg.guard_ok();
+    record({fmt::format("top_k {} k={}", what, k), shape_str({rows, len}), 0, 0, 0, same && guards,
+            same ? "ids and value bits equal" : "differ"});
+    EXPECT_TRUE(same && guards) << what << " k=" << k;
+  };
+  for (int64_t k : {1, 16, 32, 64}) top_k_case("randn", x, M, n, k);
+  {  // few levels (many ties inside and across chunks), -0 / +0, NaN, -inf, rows with < k finite values
+    std::vector<float> q(x.size());
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = x[m * n + i];
+        float& o = q[m * n + i];
+        if (m < 3) o = std::round(v * 0.5f);                  // ~13 levels, the top one rare
+        else if (m < 5) o = std::min(std::round(v * 0.5f), 1.0f);  // a third of the row at the top level
+        else if (m == 5) o = std::round(v) > 0 ? -std::round(v) : std::round(v);  // max 0: -0 and +0 mixed
+        else o = (i % 3 == 0) ? NAN : -INFINITY;               // NaN and -inf only ...
+      }
+    q[0] = NAN;                      // NaN at index 0 and among the top level
+    q[1 * n + 777] = NAN;
+    q[2 * n + 5] = INFINITY;         // +inf first, then the top level
+    q[2 * n + n - 1] = INFINITY;
+    std::mt19937 r2(43);
+    for (int j = 0; j < 10; ++j) q[6 * n + r2() % n] = static_cast<float>(j % 4);  // ... plus 10 finite (ties)
+    q[6 * n + 12345] = -0.0f;
+    q[6 * n + 12346] = 0.0f;
+    for (int64_t k : {1, 16, 32, 64}) top_k_case("levels/nan/-0", q, M, n, k);
   }
-  {  // short rows
-    const int64_t M2 = 3, n2 = 100;
-    const auto y = randn_vec(rng, M2 * n2);
-    Buf<float> yg(gpu(), y), yc(cpu(), y);
-    Buf<int32_t> ig(gpu(), M2 * 20), ic(cpu(), M2 * 20);
-    Buf<float> vg(gpu(), M2 * 20), vc(cpu(), M2 * 20);
-    gpu().top_k(yg, ig, vg, M2, n2, 20);
-    cpu().top_k(yc, ic, vc, M2, n2, 20);
-    const bool same = ig.get() == ic.get() && vg.get() == vc.get();
-    record({"top_k k=20", shape_str({M2, n2}), 0, 0, 0, same, same ? "ids and values equal" : "differ"});
-    EXPECT_TRUE(same);
+  {  // short rows: one full chunk and a partial one, a chunk of one value, k == n
+    auto y = randn_vec(rng, 3 * 3000);
+    y[1 * 3000 + 2999] = 50.0f;
+    y[2 * 3000 + 2048] = 50.0f;
+    y[2 * 3000 + 17] = NAN;
+    y[2 * 3000 + 18] = -INFINITY;
+    for (int64_t k : {1, 16, 32}) top_k_case("partial chunk", y, 3, 3000, k);
+    auto z = randn_vec(rng, 2 * 2049);
+    z[2048] = 50.0f;  // the only value of row 0's second chunk is its max
+    for (int64_t k : {1, 32}) top_k_case("chunk of one", z, 2, 2049, k);
+    top_k_case("n=100", randn_vec(rng, 3 * 100), 3, 100, 20);
+    top_k_case("k=n", randn_vec(rng, 2 * 32), 2, 32, 32);
+    top_k_case("n=1", randn_vec(rng, 3), 3, 1, 1);
   }
 }
 

@@ -8,6 +8,17 @@
 // top_k: rounds of "sort chunks of 4096 (value, index) pairs in shared memory by a bitonic network and
 // keep each chunk's first k" until one chunk per row remains. The order is total (larger value first,
 // then lower index), so the result is exact: the CPU's ids and values. NaN is sorted as -inf.
+//
+// top_k for k <= kSmallK (the drafter's k = 16 over 7 x 248320): warp selection instead of sorting.
+// A warp holds a chunk of kWarpChunk = 2048 keys of a row in registers (64 per lane, lane l holding
+// positions l, l + 32, ..) as 32-bit order-preserving keys (NaN as -inf, -0 as +0, 0 = empty/taken),
+// and extracts its k best by k rounds of: warp max of the lanes' best keys, then the lowest position
+// among the lanes holding that key (two redux ops), the winner lane emits it, marks it taken and
+// rescans its 64 keys. The candidates [rows][chunks][k] keep the chunk's order, so among equal keys a lower
+// candidate position means a lower row index, and the next round selects over them the same way
+// (position tie-break, index looked up) until one chunk per row remains; that round writes ids and
+// the row's values (NaN as -inf, -0 kept, like the sort path). A chunk with fewer than k real keys
+// emits empty (key 0) candidates, which never reach the output since every row has n >= k real keys.
 #include <cfloat>
 #include <climits>
 
@@ -113,6 +124,146 @@ topk_chunk_kernel(const float* __restrict__ src_v, const int32_t* __restrict__ s
   }
 }
 
+constexpr int kSmallK = 32;
+constexpr int kLanePer = 64;                 // keys per lane
+constexpr int kWarpChunk = 32 * kLanePer;    // keys per warp chunk
+constexpr int kSelWarps = 4;                 // warps (chunks) per block
+
+// Order-preserving key of a value for the selection path: NaN as -inf, -0 as +0. Every value maps to
+// >= 0x007fffff (-inf), so 0 marks an empty or already-taken slot.
+__device__ __forceinline__ uint32_t select_key(float f) {
+  if (f != f) f = -INFINITY;
+  return ordered_bits(f);
+}
+
+// One level of the lane's max tree: slot j keeps the better of slots 2j and 2j + 1 (the left on ties).
+// The levels are separate instantiations so that every index is a constant (a loop over the level
+// size was left rolled, and the arrays went to local memory).
+template <int S>
+__device__ __forceinline__ void tree_level(uint32_t (&tk)[kLanePer / 2], int (&tj)[kLanePer / 2]) {
+#pragma unroll
+  for (int j = 0; j < S; ++j) {
+    const bool r = tk[2 * j + 1] > tk[2 * j];
+    tk[j] = r ? tk[2 * j + 1] : tk[2 * j];
+    tj[j] = r ? tj[2 * j + 1] : tj[2 * j];
+  }
+}
+
+// The lane's best key among the slots not yet taken (bit j of taken) and its slot (the lowest slot
+// among equal keys: pairs of adjacent ranges, the left one kept on ties). A tree keeps the dependent
+// chain at log2(64) steps. The keys are never written after the load: a store to v[slot] would be
+// turned back into dynamic indexing and move v to local memory.
+__device__ __forceinline__ void lane_best(const uint32_t (&v)[kLanePer], uint64_t taken, uint32_t& bk, int& bj) {
+  static_assert(kLanePer == 64, "taken is a 64-bit mask");
+  uint32_t tk[kLanePer / 2];
+  int tj[kLanePer / 2];
+#pragma unroll
+  for (int j = 0; j < kLanePer / 2; ++j) {
+    const uint32_t a = (taken >> (2 * j)) & 1 ? 0u : v[2 * j];
+    const uint32_t b = (taken >> (2 * j + 1)) & 1 ? 0u : v[2 * j + 1];
+    const bool r = b > a;
+    tk[j] = r ? b : a;
+    tj[j] = r ? 2 * j + 1 : 2 * j;
+  }
+  tree_level<16>(tk, tj);
+  tree_level<8>(tk, tj);
+  tree_level<4>(tk, tj);
+  tree_level<2>(tk, tj);
+  tree_level<1>(tk, tj);
+  bk = tk[0];
+  bj = tj[0];
+}
+
+// One warp selects the k best of chunk (blockIdx.x * kSelWarps + warp) of row blockIdx.y. Sources:
+// kFromX: the row x[m * n + ..] itself (count = row_stride = n); else candidates src_k / src_i
+// [rows][row_stride] with count valid per row. Outputs: ids non-null (the last round, one chunk per row):
+// ids / vals [rows][k] with vals read back from x; else candidates dst_k / dst_i [rows][n_chunks][k].
+template <bool kFromX>
+__global__ void __launch_bounds__(kSelWarps * 32)
+topk_select_kernel(const float* __restrict__ x, int64_t n, const uint32_t* __restrict__ src_k,
+                   const int32_t* __restrict__ src_i, int64_t count, int64_t row_stride, uint32_t* __restrict__ dst_k,
+                   int32_t* __restrict__ dst_i, int32_t* __restrict__ ids, float* __restrict__ vals, int k,
+                   int n_chunks) {
+  pdl_wait();
+  const int lane = threadIdx.x & 31;
+  const int chunk = static_cast<int>(blockIdx.x) * kSelWarps + static_cast<int>(threadIdx.x >> 5);
+  if (chunk >= n_chunks) return;  // the whole warp leaves together
+  const int64_t m = blockIdx.y;
+  const int64_t c0 = static_cast<int64_t>(chunk) * kWarpChunk;
+  uint32_t v[kLanePer];
+#pragma unroll
+  for (int j = 0; j < kLanePer; ++j) {
+    const int64_t g = c0 + j * 32 + lane;
+    uint32_t key = 0;
+    if (g < count) key = kFromX ? select_key(x[m * n + g]) : src_k[m * row_stride + g];
+    v[j] = key;
+  }
+  uint64_t taken = 0;
+  uint32_t bk;
+  int bj;
+  lane_best(v, taken, bk, bj);
+  // Positions stay below 2^32 - 1: count <= INT32_MAX (the backend checks n), plus one chunk of padding.
+  const uint32_t base = static_cast<uint32_t>(c0) + static_cast<uint32_t>(lane);
+  for (int r = 0; r < k; ++r) {
+    const uint32_t wk = __reduce_max_sync(0xffffffffu, bk);
+    const uint32_t cand = bk == wk ? base + static_cast<uint32_t>(bj) * 32u : 0xffffffffu;
+    const uint32_t wp = __reduce_min_sync(0xffffffffu, cand);
+    if (cand == wp) {  // exactly one lane: positions are distinct
+      int32_t idx = -1;
+      if (wp < count) idx = kFromX ? static_cast<int32_t>(wp) : src_i[m * row_stride + wp];
+      if (ids) {
+        ids[m * k + r] = idx;
+        const float f = idx >= 0 ? x[m * n + idx] : -INFINITY;
+        vals[m * k + r] = f != f ? -INFINITY : f;
+      } else {
+        const int64_t o = (m * n_chunks + chunk) * k + r;
+        dst_k[o] = wk;
+        dst_i[o] = idx;
+      }
+      taken |= 1ull << bj;
+      lane_best(v, taken, bk, bj);
+    }
+  }
+}
+
+void launch_top_k_small(const float* x, int32_t* ids, float* vals, int64_t M, int64_t n, int64_t k, void* scratch,
+                        cudaStream_t s) {
+  const int64_t max_chunks = (n + kWarpChunk - 1) / kWarpChunk;
+  const size_t cap = static_cast<size_t>(M) * max_chunks * k;
+  uint32_t* bk[2];
+  int32_t* bi[2];
+  char* p = static_cast<char*>(scratch);
+  bk[0] = reinterpret_cast<uint32_t*>(p);
+  bi[0] = reinterpret_cast<int32_t*>(p + cap * 4);
+  bk[1] = reinterpret_cast<uint32_t*>(p + cap * 8);
+  bi[1] = reinterpret_cast<int32_t*>(p + cap * 12);
+  const uint32_t* cur_k = nullptr;
+  const int32_t* cur_i = nullptr;
+  int64_t count = n;
+  int which = 0;
+  while (true) {
+    // count shrinks each round: ceil(count / 2048) * k < count while count > 2048 (k <= 32).
+    const int64_t chunks = (count + kWarpChunk - 1) / kWarpChunk;
+    const bool last = chunks == 1;
+    uint32_t* dk = last ? nullptr : bk[which];
+    int32_t* di = last ? nullptr : bi[which];
+    int32_t* oi = last ? ids : nullptr;
+    float* ov = last ? vals : nullptr;
+    const dim3 grid(ceil_div_u(chunks, kSelWarps), static_cast<unsigned>(M));
+    if (cur_k == nullptr)
+      launch_pdl(topk_select_kernel<true>, grid, kSelWarps * 32, 0, s, x, n, cur_k, cur_i, count, count, dk, di, oi,
+                 ov, static_cast<int>(k), static_cast<int>(chunks));
+    else
+      launch_pdl(topk_select_kernel<false>, grid, kSelWarps * 32, 0, s, x, n, cur_k, cur_i, count, count, dk, di,
+                 oi, ov, static_cast<int>(k), static_cast<int>(chunks));
+    if (last) break;
+    cur_k = bk[which];
+    cur_i = bi[which];
+    count = chunks * k;
+    which ^= 1;
+  }
+}
+
 }  // namespace
 
 size_t argmax_scratch_bytes(int64_t M) { return static_cast<size_t>(M) * sizeof(unsigned long long); }
@@ -126,14 +277,20 @@ void launch_argmax(const float* x, int32_t* ids, int64_t M, int64_t n, void* scr
 }
 
 // Two ping-pong candidate buffers of M * ceil(n / kSortN) * k entries each.
+// (k <= kSmallK: the same of M * ceil(n / kWarpChunk) * k (key, index) entries each.)
 size_t topk_scratch_bytes(int64_t M, int64_t n, int64_t k) {
-  const int64_t chunks = (n + kSortN - 1) / kSortN;
+  const int64_t per = k <= kSmallK ? kWarpChunk : kSortN;
+  const int64_t chunks = (n + per - 1) / per;
   return 2 * static_cast<size_t>(M) * chunks * k * (sizeof(float) + sizeof(int32_t)) + 256;
 }
 
 void launch_top_k(const float* x, int32_t* ids, float* vals, int64_t M, int64_t n, int64_t k, void* scratch,
                   cudaStream_t s) {
   if (M <= 0) return;
+  if (k <= kSmallK) {
+    launch_top_k_small(x, ids, vals, M, n, k, scratch, s);
+    return;
+  }
   const int64_t max_chunks = (n + kSortN - 1) / kSortN;
   const size_t cap = static_cast<size_t>(M) * max_chunks * k;
   float* bv[2];
