@@ -226,10 +226,11 @@ class CudaBackend final : public Backend {
     for (int i = 0; i < n; ++i) note_write(ys[i], sizeof(float) * M * dws[i].out);
     after("matmul");
   }
-  // The residual add joins the norm kernel (one launch fewer). Fusing the rotation with the ternary
-  // kernel's activation quantization (one warp per 1024-chunk quantizing its 8 blocks) and the whole
-  // chain into one CTA per row were both measured slower at decode than the separate kernels (one
-  // row leaves those kernels a few warps with long serial chains): the rotation stays its own kernel.
+  // The residual add joins the norm kernel (one launch fewer). Measured slower at decode than the
+  // separate kernels, and not kept: the rotation with the ternary kernel's activation quantization
+  // (one warp quantizing its 1024-chunk's 8 blocks), SwiGLU inside the rotation's loads (32 silu per
+  // lane: 8.4 us against 3.6), and the whole chain in one CTA per row. One row leaves those kernels a
+  // few warps with long serial chains.
   void residual_norm_rotate(float* x, const float* res, const float* w, float* n, float* y, const Rotation& rot,
                             int64_t rows, int64_t dim, float eps) override {
     if (!res) {
