@@ -1,6 +1,10 @@
 // bench_cuda_ops: CUDA backend throughput against the measured streaming-read floor.
 //
-//   bench_cuda_ops [--quick] [--model FILE.gguf [--model-only] [--tokens N]] [--gdn] [--prefill] [--out FILE.md]
+//   bench_cuda_ops [--quick] [--model FILE.gguf [--model-only] [--tokens N]] [--gdn] [--prefill]
+//                  [--matmul TYPE[:SHAPE] [--warm-l2]] [--out FILE.md]
+//
+// --matmul runs section 2 alone for one type (and shape, e.g. ptq1_0:attn_qkv: a target for ncu);
+// --warm-l2 then times one copy of the matrix, served from L2 when it fits (latency vs bandwidth).
 //
 // 1. The floor: a 16-byte-load read kernel over 2 GiB, median of 20 runs (GB/s = 1e9 B/s).
 // 2. matmul at the 27B shapes (SPEC 2.3) for PTQ1_0, PQ2_0, Q4_K, Q6_K, BF16 (and F16, Q8_0) at M = 1
