@@ -478,8 +478,6 @@ class CudaBackend final : public Backend {
     kScratchArgmax,
     kScratchTopK,
     kScratchMatmulXq,
-    kScratchMatmulPartial,
-    kScratchMatmulSems,
     kScratchBench,
     kNumScratch
   };
@@ -505,7 +503,7 @@ class CudaBackend final : public Backend {
                    "before capturing it)", b.bytes, bytes);
       if (b.ptr) retired_.push_back(b.ptr);
       b.ptr = device_alloc(bytes, "scratch");
-      DFLASH_CUDA_CALL(cudaMemsetAsync(b.ptr, 0, bytes, stream_));  // the matmul's k-split counters start at 0
+      DFLASH_CUDA_CALL(cudaMemsetAsync(b.ptr, 0, bytes, stream_));  // scratch starts zeroed
       b.bytes = bytes;
     }
     return b.ptr;
@@ -535,8 +533,6 @@ class CudaBackend final : public Backend {
       buf.xq = scratch(kScratchMatmulXq, need.xq_bytes);
       buf.xq_ready = xq_.valid && xq_.x == x && xq_.M == M && xq_.K == K && xq_.buf == buf.xq && M <= 65535;
     }
-    if (need.partial_bytes) buf.partial = static_cast<float*>(scratch(kScratchMatmulPartial, need.partial_bytes));
-    if (need.sem_bytes) buf.sems = static_cast<unsigned*>(scratch(kScratchMatmulSems, need.sem_bytes));
     return buf;
   }
   // Drops the quantized-activation cache when [p, p + bytes) overlaps the cached input.

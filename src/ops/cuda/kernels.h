@@ -37,18 +37,14 @@ struct DevWeight {
 // True when matmul/get_rows have a kernel for this (file type, layout).
 bool matmul_supported(int type);
 // y[M, out] = x[M, in] . W^T. M any; rows go in tiles of at most 8 through the same per-row arithmetic.
-// Scratch of the ternary kernel: the quantized activations (always), and for a k split the partial
-// sums and arrival counters that must be zero when allocated (each launch leaves them at zero again).
+// Scratch of the ternary kernel: the quantized activations (its k split reduces inside a thread-block
+// cluster and needs no memory of its own).
 struct TernaryScratch {
   size_t xq_bytes = 0;
-  size_t partial_bytes = 0;
-  size_t sem_bytes = 0;
 };
 struct TernaryBuffers {
   void* xq = nullptr;
   bool xq_ready = false;  // xq already holds these activations (the caller's cache): skip quantizing
-  float* partial = nullptr;
-  unsigned* sems = nullptr;
 };
 TernaryScratch matmul_scratch(const DevWeight& w, int64_t M, int num_sms);
 // num_sms: the device's multiprocessors (it sets the k split of a weight, never M).

@@ -508,7 +508,7 @@ void launch_split(void (*kernel)(TernaryArgs), dim3 grid, size_t smem, cudaStrea
 }
 
 // CTAs (64-row tiles) of an out-row weight.
-int64_t ternary_ctas(int64_t out) { return (padded_rows(out) / 16 + kTilesPerCta - 1) / kTilesPerCta; }
+static int64_t ternary_ctas(int64_t out) { return (padded_rows(out) / 16 + kTilesPerCta - 1) / kTilesPerCta; }
 
 // CTAs per SM that the k split aims at (one wave): DFLASH_CUDA_TERNARY_WAVE (default 3), read once.
 // A device setting, like the SM count: it never depends on M. Measured on the H200 (27B decode step,
@@ -523,7 +523,7 @@ static int ternary_ctas_per_sm() {
   return v;
 }
 
-int ternary_splits_for(int64_t ctas, int64_t in, int num_sms) {
+static int ternary_splits_for(int64_t ctas, int64_t in, int num_sms) {
   const int64_t nblk = in / 128;
   // As many CTAs as fit in one wave at ternary_ctas_per_sm() CTAs per SM: a GEMV needs warps for bytes
   // in flight, and a second wave would double the time.
