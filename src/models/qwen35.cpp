@@ -407,11 +407,8 @@ void Qwen35Model::allocate_state() {
 const float* Qwen35Model::rotated(const float* x, int64_t M, int64_t in, bool rotate, float* scratch,
                                   const int32_t* perm) {
   if (!rotate) return x;
-  const float* signs = in == cfg_.n_embd ? signs_embd_
-                       : in == cfg_.n_ff ? signs_ff_
-                       : in == q_width() ? signs_q_
-                                         : signs_inner_;
-  be_.hadamard(x, signs, perm, scratch, M, in, prism_->block_size, /*inverse=*/false);
+  const Backend::Rotation r = rotation(in, true, perm);
+  be_.hadamard(x, r.signs, r.perm, scratch, M, in, r.block, /*inverse=*/false);
   return scratch;
 }
 
