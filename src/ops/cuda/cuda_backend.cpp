@@ -219,7 +219,7 @@ class CudaBackend final : public Backend {
       return;
     }
     const int n = static_cast<int>(outs.size());
-    const cuda::TernaryScratch need = cuda::ternary_group_scratch(ws, n, M, num_sms_);
+    const cuda::TernaryScratch need = cuda::ternary_scratch(dws[0].in, M);
     cuda::TernaryBuffers buf = matmul_buffers(need, x, M, dws[0].in);
     cuda::launch_matmul_ternary_group(ws, ys, n, x, M, buf, num_sms_, stream_);
     xq_ = XqKey{x, M, dws[0].in, buf.xq, true};
@@ -520,7 +520,7 @@ class CudaBackend final : public Backend {
   };
 
   void run_matmul(const cuda::DevWeight& dw, const float* x, float* y, int64_t M) {
-    const cuda::TernaryScratch need = cuda::matmul_scratch(dw, M, num_sms_);
+    const cuda::TernaryScratch need = cuda::matmul_scratch(dw, M);
     cuda::TernaryBuffers buf = matmul_buffers(need, x, M, dw.in);
     cuda::launch_matmul(dw, x, y, M, buf, num_sms_, stream_);
     if (need.xq_bytes) xq_ = XqKey{x, M, dw.in, buf.xq, true};

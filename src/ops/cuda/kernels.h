@@ -46,7 +46,7 @@ struct TernaryBuffers {
   void* xq = nullptr;
   bool xq_ready = false;  // xq already holds these activations (the caller's cache): skip quantizing
 };
-TernaryScratch matmul_scratch(const DevWeight& w, int64_t M, int num_sms);
+TernaryScratch matmul_scratch(const DevWeight& w, int64_t M);
 // num_sms: the device's multiprocessors (it sets the k split of a weight, never M).
 void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf, int num_sms,
                    cudaStream_t s);
@@ -70,15 +70,13 @@ size_t ternary_scale_bytes(int64_t in, int64_t out);
 // kTernaryMma codes + scales.
 void launch_to_ternary_mma(const uint8_t* src, bool ptq1, uint8_t* codes, uint8_t* scales, int64_t in, int64_t out,
                            cudaStream_t s);
-// The k split (CTAs per 64-row tile) of an out x in ternary weight: a function of the shape and the
-// device only, never of M (so M rows keep the bits of one row).
-int ternary_splits(int64_t out, int64_t in, int num_sms);
-TernaryScratch ternary_scratch(const DevWeight& w, int64_t M, int num_sms);
+// The activation scratch of an M-row ternary matmul (or group) with `in` inputs.
+TernaryScratch ternary_scratch(int64_t in, int64_t M);
 // Up to kTernaryMaxGroup ternary weights with the same `in` that share the input x, in one launch
-// (y_k = x . w_k^T). The k split is a function of the group's shapes (never M), so a row's bits
-// depend on the group, not on M; a weight in a group may round differently than alone.
+// (y_k = x . w_k^T). The k split (CTAs per 64-row tile) is a function of the group's shapes and the
+// device's SM count only, never of M, so a row's bits depend on the group, not on M; a weight in a
+// group may round differently than alone.
 constexpr int kTernaryMaxGroup = 4;
-TernaryScratch ternary_group_scratch(const DevWeight* const* ws, int n, int64_t M, int num_sms);
 void launch_matmul_ternary_group(const DevWeight* const* ws, float* const* ys, int n, const float* x,
                                  int64_t M, const TernaryBuffers& buf, int num_sms, cudaStream_t s);
 void launch_matmul_ternary(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf,

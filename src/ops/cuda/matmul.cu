@@ -729,8 +729,8 @@ bool matmul_supported(int type) {
   }
 }
 
-TernaryScratch matmul_scratch(const DevWeight& w, int64_t M, int num_sms) {
-  return w.layout == Layout::kTernaryMma ? ternary_scratch(w, M, num_sms) : TernaryScratch{};
+TernaryScratch matmul_scratch(const DevWeight& w, int64_t M) {
+  return w.layout == Layout::kTernaryMma ? ternary_scratch(w.in, M) : TernaryScratch{};
 }
 
 void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf, int num_sms,

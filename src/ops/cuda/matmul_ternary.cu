@@ -533,23 +533,13 @@ static int ternary_splits_for(int64_t ctas, int64_t in, int num_sms) {
   return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 8)));
 }
 
-int ternary_splits(int64_t out, int64_t in, int num_sms) { return ternary_splits_for(ternary_ctas(out), in, num_sms); }
-
 constexpr int64_t kMaxRowsPerLaunch = 65535;  // grid.y of the activation quantizer
 
-TernaryScratch ternary_group_scratch(const DevWeight* const* ws, int n, int64_t M, int num_sms) {
+TernaryScratch ternary_scratch(int64_t in, int64_t M) {
   TernaryScratch need;
-  if (n <= 0) return need;
-  const int64_t in = ws[0]->in;
   const int64_t rows = std::min(M, kMaxRowsPerLaunch);
-  need.xq_bytes = static_cast<size_t>(rows) * (in / 128) * (kXqBytes + kXqMeta);
-  (void)num_sms;  // the k split is a cluster: no scratch of its own
+  need.xq_bytes = static_cast<size_t>(std::max<int64_t>(rows, 0)) * (in / 128) * (kXqBytes + kXqMeta);
   return need;
-}
-
-TernaryScratch ternary_scratch(const DevWeight& w, int64_t M, int num_sms) {
-  const DevWeight* one[1] = {&w};
-  return ternary_group_scratch(one, 1, M, num_sms);
 }
 
 void launch_matmul_ternary_group(const DevWeight* const* ws, float* const* ys, int n, const float* x,
