@@ -822,31 +822,18 @@ bool choose_layout(const Attn& base, int64_t M, int64_t n_kv_heads, const Device
 
 template <bool kVer, int kNQ>
 void launch_cluster(const Attn& a, size_t smem, unsigned groups, cudaStream_t s) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(a.nseg), groups,
-                     static_cast<unsigned>((a.M + a.rows - 1) / a.rows));
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(a.nseg);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
-  cfg.attrs = attr;
-  cfg.numAttrs = 2;
+  const dim3 grid(static_cast<unsigned>(a.nseg), groups, static_cast<unsigned>((a.M + a.rows - 1) / a.rows));
+  const dim3 cluster(static_cast<unsigned>(a.nseg), 1, 1);
   // A runtime that refuses PDL on a cluster launch gets the cluster alone (the first launch, made before
   // any graph capture, finds out). Other errors: the backend's cudaGetLastError.
   static std::atomic<bool> no_pdl{false};
-  if (!no_pdl.load(std::memory_order_relaxed)) {
-    if (cudaLaunchKernelEx(&cfg, attention_cluster_kernel<kVer, kNQ>, a) == cudaSuccess) return;
+  if (pdl_enabled() && !no_pdl.load(std::memory_order_relaxed)) {
+    if (launch_ex(attention_cluster_kernel<kVer, kNQ>, grid, dim3(kThreads), smem, s, cluster, true, a) == cudaSuccess)
+      return;
     (void)cudaGetLastError();
     no_pdl.store(true, std::memory_order_relaxed);
   }
-  cfg.numAttrs = 1;
-  cudaLaunchKernelEx(&cfg, attention_cluster_kernel<kVer, kNQ>, a);
+  (void)launch_ex(attention_cluster_kernel<kVer, kNQ>, grid, dim3(kThreads), smem, s, cluster, false, a);
 }
 
 }  // namespace

@@ -490,21 +490,7 @@ __global__ void get_rows_ternary_kernel(const uint32_t* __restrict__ codes, cons
 
 // The matmul launch: clusters of the ks split CTAs (grid.z = ks), with programmatic dependent launch.
 void launch_split(void (*kernel)(TernaryArgs), dim3 grid, size_t smem, cudaStream_t s, const TernaryArgs& a) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kWarpsPerCta * 32);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = 1;
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = grid.z;
-  cfg.attrs = attr;
-  cfg.numAttrs = 2;
-  cudaLaunchKernelEx(&cfg, kernel, a);
+  (void)launch_ex(kernel, grid, dim3(kWarpsPerCta * 32), smem, s, dim3(1, 1, grid.z), pdl_enabled(), a);
 }
 
 // CTAs (64-row tiles) of an out-row weight.
