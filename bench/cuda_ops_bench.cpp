@@ -378,6 +378,30 @@ int main(int argc, char** argv) {
         float* snaps = dev_rand(8 * 48 * 128 * 128);
         row("gdn_recurrent", "M=1, 48 heads 128x128", [&] { be->gdn_recurrent(q, k, v, g, b, st, o, nullptr, 1, s); });
         row("gdn_recurrent", "M=8 + snapshots", [&] { be->gdn_recurrent(q, k, v, g, b, st, o, snaps, 8, s); });
+        {  // the decode / verify op from raw conv rows [M, 10240] (q | k | v), and the ops it replaces
+          const int64_t C = 2 * 16 * 128 + 48 * 128;
+          float* cv = dev_rand(8 * C);
+          float* a = dev_rand(8 * 48);
+          float* dt = dev_rand(48);
+          float* sa = dev_rand(48, 0.1f);
+          float* pq = dev_rand(8 * 16 * 128);
+          float* pk = dev_rand(8 * 16 * 128);
+          float* pg = dev_rand(8 * 48);
+          float* pb = dev_rand(8 * 48);
+          const Backend::GdnRawInputs raw{cv, C, cv + 16 * 128, C, cv + 32 * 128, C, a, b, dt, sa};
+          const Backend::GdnPrepared prep{pq, pk, pg, pb};
+          row("gdn_prepare_recurrent", "M=1, conv rows, 48 heads 128x128",
+              [&] { be->gdn_prepare_recurrent(raw, st, o, nullptr, 1, s); });
+          row("gdn_prepare_recurrent", "M=8 + prepared (verify)",
+              [&] { be->gdn_prepare_recurrent(raw, st, o, &prep, 8, s); });
+          row("l2_norm x2 + gdn_gates + gdn_recurrent", "M=1 (what gdn_prepare_recurrent replaces)", [&] {
+            be->l2_norm(cv, pq, 16, 128, 1e-6f, 0.088f);
+            be->l2_norm(cv + 16 * 128, pk, 16, 128, 1e-6f, 1.0f);
+            be->gdn_gates(pg, pb, dt, sa, 1, 48);
+            be->gdn_recurrent(pq, pk, cv + 32 * 128, pg, pb, st, o, nullptr, 1, s);
+          });
+          for (float* p : {cv, a, dt, sa, pq, pk, pg, pb}) be->release(p);
+        }
         float* cst = dev_rand(3 * 10240);
         float* cw = dev_rand(4 * 10240);
         row("gdn_conv", "M=1, 10240 ch, K=4", [&] { be->gdn_conv(x, cst, cw, y, 1, 10240, 4); });

@@ -250,6 +250,7 @@ void run(RunArgs a) {
     go.speculative = drafter != nullptr;
     go.block = a.block;
     go.sampling = a.sampling;
+    go.time_phases = a.stats;  // the draft / verify split of --stats costs a wait after each draft
     go.stop_tokens = tok->eog_ids();
     Engine engine(*model, drafter.get());
     chat_repl(a, file, *tok, engine, go);
@@ -284,6 +285,7 @@ void run(RunArgs a) {
   go.speculative = drafter != nullptr;
   go.block = a.block;
   go.sampling = a.sampling;
+  go.time_phases = a.stats || a.json;  // the draft / verify split costs a wait after each draft
   if (tok) {
     go.stop_tokens = tok->eog_ids();
   } else if (file.has("tokenizer.ggml.eos_token_id")) {

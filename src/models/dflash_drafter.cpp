@@ -218,12 +218,9 @@ void DFlashDrafter::load_weights(const gguf::File& file) {
       DFLASH_CHECK(t.n_dims == 2 && t.ne[0] == R && t.ne[1] == cfg_.n_vocab,
                    "{}: tensor '{}' has shape {}, expected [{}, {}] (selector_rank, n_vocab)", file.path(), names[i],
                    t.shape_string(), R, cfg_.n_vocab);
-      DFLASH_CHECK(type_traits(t.type).has_codec, "{}: tensor '{}' has type {}, which dflash cannot dequantize",
-                   file.path(), names[i], type_name(t.type));
-      codebook_[i].data = file.tensor_data(t).data();
-      codebook_[i].type = t.type;
-      codebook_[i].row_bytes = row_bytes(t.type, R);
     }
+    sel_pred_ = L.matrix(names[0], R, cfg_.n_vocab);  // rows are looked up (get_rows), never multiplied
+    sel_succ_ = L.matrix(names[1], R, cfg_.n_vocab);
     DFLASH_CHECK(cfg_.selector_top_k <= cfg_.n_vocab, "{}: selector_top_k {} exceeds the vocabulary of {}",
                  file.path(), cfg_.selector_top_k, cfg_.n_vocab);
   }
@@ -274,6 +271,12 @@ void DFlashDrafter::allocate() {
   up_ = static_cast<float*>(alloc(sizeof(float) * B * cfg_.n_ff));
   logits_ = static_cast<float*>(alloc(sizeof(float) * rows * n_vocab));
   g_ = static_cast<float*>(alloc(sizeof(float) * rows * std::max<int64_t>(cfg_.selector_rank, 1)));
+  if (cfg_.dflash2()) {
+    const int64_t R = cfg_.selector_rank;
+    pred_rows_ = static_cast<float*>(alloc(sizeof(float) * (1 + (rows - 1) * topk) * R));
+    succ_rows_ = static_cast<float*>(alloc(sizeof(float) * rows * topk * R));
+  }
+  d_block_ = static_cast<int32_t*>(alloc(sizeof(int32_t) * B));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -322,16 +325,16 @@ void DFlashDrafter::evict(int64_t incoming) {
                context_rows(), incoming, cap_);
 }
 
-void DFlashDrafter::append_chunk(const float* taps, int64_t rows) {
+void DFlashDrafter::append_chunk(const float* taps, bool on_device, int64_t rows) {
   const int64_t E = cfg_.n_embd, hd = cfg_.head_dim;
   const int64_t kvw = cfg_.n_head_kv * hd;
   evict(rows);
   const int64_t C = context_rows();
   std::vector<int32_t> pos(rows);
   for (int64_t r = 0; r < rows; ++r) pos[r] = static_cast<int32_t>(ctx_end_ + r);
-  be_.upload(taps_, taps, sizeof(float) * rows * cfg_.n_taps() * E);
+  if (!on_device) be_.upload(taps_, taps, sizeof(float) * rows * cfg_.n_taps() * E);
   be_.upload(d_pos_, pos.data(), sizeof(int32_t) * rows);
-  be_.matmul(fc_, taps_, c_, rows);                         // [rows, E]
+  be_.matmul(fc_, on_device ? taps : taps_, c_, rows);     // [rows, E]
   be_.rms_norm(c_, enc_norm_, c_, rows, E, cfg_.rms_eps);
   for (Layer& w : layers_) {
     float* k = w.k + C * kvw;
@@ -350,6 +353,17 @@ void DFlashDrafter::append_context(std::span<const float> taps, int64_t rows) {
   const int64_t width = cfg_.n_taps() * cfg_.n_embd;
   DFLASH_CHECK(rows >= 0 && static_cast<int64_t>(taps.size()) == rows * width,
                "drafter context: {} floats of taps for {} rows of {} features", taps.size(), rows, width);
+  append_rows(taps.data(), false, rows);
+}
+
+void DFlashDrafter::append_context_device(const float* taps, int64_t rows) {
+  DFLASH_CHECK(rows >= 0 && (rows == 0 || taps != nullptr), "drafter context: {} rows of device taps at null",
+               rows);
+  append_rows(taps, true, rows);
+}
+
+void DFlashDrafter::append_rows(const float* taps, bool on_device, int64_t rows) {
+  const int64_t width = cfg_.n_taps() * cfg_.n_embd;
   // Rows that are dead as soon as this append ends are skipped (a long prompt projects only its
   // tail): reference mode keeps the last window-1 positions; sink/window mode, like the seed,
   // appends only the last sink+window rows of a batch.
@@ -365,7 +379,7 @@ void DFlashDrafter::append_context(std::span<const float> taps, int64_t rows) {
   }
   for (int64_t r = skip; r < rows; r += opts_.append_chunk) {
     const int64_t m = std::min(opts_.append_chunk, rows - r);
-    append_chunk(taps.data() + r * width, m);
+    append_chunk(taps + r * width, on_device, m);
   }
 }
 
@@ -384,14 +398,14 @@ std::pair<int32_t, int32_t> DFlashDrafter::key_range(int64_t P, int64_t i) const
 // ---------------------------------------------------------------------------------------------
 // Forward
 
-void DFlashDrafter::codebook_row(int which, int32_t token, float* out) const {
-  DFLASH_CHECK(token >= 0 && token < cfg_.n_vocab, "selector: token {} outside the codebook of {} rows", token,
-               cfg_.n_vocab);
-  const Codebook& cb = codebook_[which];
-  dequantize_row(cb.type, cb.data + static_cast<size_t>(token) * cb.row_bytes, out, cfg_.selector_rank);
+const int32_t* Drafter::draft_device(int32_t) {
+  throw Error("internal: this drafter drafts on the host only (drafts_on_device() is false)");
+}
+void Drafter::append_context_device(const float*, int64_t) {
+  throw Error("internal: this drafter takes host taps only (drafts_on_device() is false)");
 }
 
-std::vector<int32_t> DFlashDrafter::draft(int32_t anchor) {
+const int32_t* DFlashDrafter::draft_device(int32_t anchor) {
   const int64_t B = cfg_.block_size, E = cfg_.n_embd;
   const int64_t V = target_.config().n_vocab, rows = B - 1;
   DFLASH_CHECK(anchor >= 0 && anchor < V, "drafter: anchor token {} outside the vocabulary of {}", anchor, V);
@@ -414,27 +428,28 @@ std::vector<int32_t> DFlashDrafter::draft(int32_t anchor) {
 
   trace_ = DraftTrace{};
   trace_.position = P;
-  if (keep_trace_) {
+  if (keep_trace_) {  // diagnostics: the host waits here
     trace_.hidden.resize(static_cast<size_t>(B * E));
     be_.download(trace_.hidden.data(), n_, sizeof(float) * B * E);
     trace_.logits.resize(static_cast<size_t>(rows * V));
     be_.download(trace_.logits.data(), logits_, sizeof(float) * rows * V);
+    if (cfg_.dflash2()) {
+      const int64_t k = cfg_.selector_top_k, R = cfg_.selector_rank;
+      trace_.candidates.resize(rows * k);
+      trace_.candidate_logits.resize(rows * k);
+      trace_.selector_hidden.resize(rows * R);
+      be_.download(trace_.candidates.data(), d_topk_ids_, sizeof(int32_t) * rows * k);
+      be_.download(trace_.candidate_logits.data(), d_topk_vals_, sizeof(float) * rows * k);
+      be_.download(trace_.selector_hidden.data(), g_, sizeof(float) * rows * R);
+    }
   }
-  if (!cfg_.dflash2()) {
-    trace_.tokens.resize(rows);
-    be_.download(trace_.tokens.data(), d_topk_ids_, sizeof(int32_t) * rows);
-    return trace_.tokens;
-  }
-  const int64_t k = cfg_.selector_top_k, R = cfg_.selector_rank;
-  trace_.candidates.resize(rows * k);
-  trace_.candidate_logits.resize(rows * k);
-  trace_.selector_hidden.resize(rows * R);
-  be_.download(trace_.candidates.data(), d_topk_ids_, sizeof(int32_t) * rows * k);
-  be_.download(trace_.candidate_logits.data(), d_topk_vals_, sizeof(float) * rows * k);
-  be_.download(trace_.selector_hidden.data(), g_, sizeof(float) * rows * R);
-  trace_.tokens = selector_walk(anchor, rows, k, R, trace_.candidates.data(), trace_.candidate_logits.data(),
-                                trace_.selector_hidden.data(),
-                                [this](int which, int32_t tok, float* out) { codebook_row(which, tok, out); });
+  return d_block_;
+}
+
+std::vector<int32_t> DFlashDrafter::draft(int32_t anchor) {
+  const int32_t* block = draft_device(anchor);
+  trace_.tokens.resize(static_cast<size_t>(cfg_.block_size - 1));
+  be_.download(trace_.tokens.data(), block + 1, sizeof(int32_t) * trace_.tokens.size());
   return trace_.tokens;
 }
 
@@ -490,12 +505,20 @@ void DFlashDrafter::draft_ops() {
   be_.rms_norm(x_, out_norm_, n_, B, E, cfg_.rms_eps);  // h [B, E]
   const float* h1 = n_ + E;                              // rows 1..B-1 predict the block's tokens
   target_.lm_head(h1, logits_, rows);                    // the target's head, no target final norm
+  be_.copy(d_block_, d_ids_, sizeof(int32_t));  // the verify block starts with the anchor
   if (!cfg_.dflash2()) {
-    be_.argmax(logits_, d_topk_ids_, rows, V);
+    be_.argmax(logits_, d_block_ + 1, rows, V);
     return;
   }
-  be_.top_k(logits_, d_topk_ids_, d_topk_vals_, rows, V, cfg_.selector_top_k);
+  const int64_t k = cfg_.selector_top_k, R = cfg_.selector_rank;
+  be_.top_k(logits_, d_topk_ids_, d_topk_vals_, rows, V, k);
   be_.matmul(sel_hidden_, h1, g_, rows);  // g = selector_hidden . h_p  [rows, R]
+  // The codebook rows the walk can touch: the anchor's and every candidate's predecessor row (but the
+  // last block row's: nothing follows it), every candidate's successor row.
+  be_.get_rows(sel_pred_, d_ids_, pred_rows_, 1);
+  if (rows > 1) be_.get_rows(sel_pred_, d_topk_ids_, pred_rows_ + R, (rows - 1) * k);
+  be_.get_rows(sel_succ_, d_topk_ids_, succ_rows_, rows * k);
+  be_.selector_walk(pred_rows_, succ_rows_, d_topk_ids_, d_topk_vals_, g_, d_block_ + 1, rows, k, R);
 }
 
 }  // namespace dflash

@@ -5,7 +5,8 @@
 // its attention keys are context rows projected from the target's tapped hidden states (one row
 // per committed position, appended as the target commits them) plus the block itself; the target's
 // own embedding and lm_head (with their prism rotations) are shared. Like a TargetModel, a Drafter
-// owns ONE sequence's state: its context cache.
+// owns ONE sequence's state: its context cache. The selector walk runs on the backend
+// (Backend::selector_walk), so a draft can stay in backend memory (draft_device).
 //
 // Shapes (27B drafter values in comments; every number comes from the file):
 //   x, n, u     [B=8, n_embd=5120]              block rows (B = block_size, always the trained size)
@@ -64,7 +65,7 @@ DrafterConfig read_drafter_config(const gguf::File& file);
 void check_drafter_fits_target(const DrafterConfig& drafter, const std::string& drafter_name,
                                const TargetConfig& target, const std::string& target_name);
 
-// The selector's greedy walk (SPEC 4.2 step 6), on the host. For each row p (0-based, = block row p+1):
+// The selector's greedy walk (SPEC 4.2 step 6), on the host: the reference for Backend::selector_walk. For each row p (0-based, = block row p+1):
 //   S[k] = unary[p][k] + sum_r pred[prev][r] * g[p][r] * succ[cand[p][k]][r],  draft_p = cand[p][argmax S]
 // starting with prev = anchor (ties: the lowest k). `row(which, token, out)` writes codebook row
 // `token` (which 0 = predecessor, 1 = successor) as `rank` floats. Returns `rows` tokens.
@@ -99,6 +100,16 @@ class Drafter {
   virtual void append_context(std::span<const float> taps, int64_t rows) = 0;
   // Proposes block_size() - 1 tokens for the block whose anchor `anchor` sits at context_end().
   virtual std::vector<int32_t> draft(int32_t anchor) = 0;
+
+  // Device-resident drafting (a greedy speculative cycle whose drafts never visit the host; the
+  // engine then waits once per cycle, for the verify's result). A drafter that supports it runs on
+  // the target's backend and overrides all three.
+  virtual bool drafts_on_device() const { return false; }
+  // draft() without the download: [anchor, d_1 .. d_{block_size()-1}] in backend memory, valid until
+  // the next draft. Enqueued work only: the host does not wait.
+  virtual const int32_t* draft_device(int32_t anchor);
+  // append_context() from backend memory: taps [rows, n_taps * n_embd] on the target's backend.
+  virtual void append_context_device(const float* taps, int64_t rows);
 };
 
 // What one DFlash forward computed, kept for tests and the oracle (host copies).
@@ -116,8 +127,8 @@ class DFlashDrafter final : public Drafter {
  public:
   // Loads a drafter for `target` (which must have been loaded with tap_layers = the drafter's
   // target_layers). The file must outlive the drafter (weights and codebooks are read in place on
-  // the CPU backend). Weights keep their file types; the selector codebooks stay on the host and
-  // are dequantized one looked-up row at a time.
+  // the CPU backend). Weights keep their file types, the selector codebooks too (rows are gathered
+  // with get_rows for the walk).
   static std::unique_ptr<DFlashDrafter> load(const gguf::File& file, TargetModel& target,
                                              const DrafterOptions& options = {});
   ~DFlashDrafter() override;
@@ -131,6 +142,9 @@ class DFlashDrafter final : public Drafter {
   void reset_context() override;
   void append_context(std::span<const float> taps, int64_t rows) override;
   std::vector<int32_t> draft(int32_t anchor) override;
+  bool drafts_on_device() const override { return true; }
+  const int32_t* draft_device(int32_t anchor) override;
+  void append_context_device(const float* taps, int64_t rows) override;
 
   // Diagnostics: the last draft's trace (candidates, selector inputs, tokens; hidden states and
   // logits only with set_keep_trace(true), since they cost a download per draft).
@@ -145,10 +159,11 @@ class DFlashDrafter final : public Drafter {
   struct Layer;
   void load_weights(const gguf::File& file);
   void allocate();
-  void append_chunk(const float* taps, int64_t rows);
+  // taps: host memory, or backend memory when on_device
+  void append_rows(const float* taps, bool on_device, int64_t rows);
+  void append_chunk(const float* taps, bool on_device, int64_t rows);
   void evict(int64_t incoming);
   void move_rows(int64_t dst, int64_t src, int64_t n);
-  void codebook_row(int which, int32_t token, float* out) const;
   // The draft's ops after its inputs are uploaded: embedding .. top-k and selector features.
   void draft_ops();
 
@@ -160,13 +175,9 @@ class DFlashDrafter final : public Drafter {
   std::string name_;
   std::vector<Layer> layers_;
   WeightRef fc_, sel_hidden_;
+  WeightRef sel_pred_, sel_succ_;  // selector codebooks [n_vocab rows of selector_rank] (DFlash 2)
   float* enc_norm_ = nullptr;     // [n_embd]
   float* out_norm_ = nullptr;     // [n_embd]
-  struct Codebook {
-    const uint8_t* data = nullptr;  // host (file mapping), n_vocab rows of row_bytes
-    GgmlType type = GgmlType::F32;
-    size_t row_bytes = 0;
-  } codebook_[2];
 
   // context cache
   int64_t cap_ = 0;               // context rows the K/V buffers hold (block rows come after)
@@ -189,6 +200,9 @@ class DFlashDrafter final : public Drafter {
   float *gate_ = nullptr, *up_ = nullptr;  // [B, n_ff]
   float *logits_ = nullptr;       // [B-1, n_vocab]
   float *g_ = nullptr;            // [B-1, rank]
+  float *pred_rows_ = nullptr;    // [1 + (B-2) * top_k, rank] gathered predecessor rows (Backend::selector_walk)
+  float *succ_rows_ = nullptr;    // [(B-1) * top_k, rank] gathered successor rows
+  int32_t* d_block_ = nullptr;    // [B] the verify block: anchor, then the B-1 drafts
   bool keep_trace_ = false;
   DraftTrace trace_;
   StepGraphCache graphs_{be_};  // the draft step as a graph (CUDA)

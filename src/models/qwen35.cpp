@@ -153,6 +153,8 @@ class Qwen35Model final : public TargetModel {
   }
 
   ForwardResult forward(std::span<const int32_t> tokens, const ForwardOptions& opts) override;
+  ForwardResult forward_device(const int32_t* tokens, int64_t M, const ForwardOptions& opts) override;
+  const float* device_taps() const override { return taps_buf_; }
   void rollback(int64_t n_keep) override;
   void embed(const int32_t* ids, float* out, int64_t M) override;
   void lm_head(const float* h, float* logits, int64_t M) override;
@@ -185,6 +187,10 @@ class Qwen35Model final : public TargetModel {
   void ffn_block(int il, const float* nin, float* y, int64_t M);
   // The ops of one forward after its inputs are uploaded: embedding .. argmax (no host waits).
   void forward_ops(int64_t M, const ForwardOptions& opts, int64_t first_logit_row);
+  void check_forward(int64_t M, const ForwardOptions& opts) const;
+  // The forward of the M ids in d_ids_: positions and key ranges, the ops (a graph for decode and
+  // verify shapes), then the downloads `opts` asks for (with the ids too when tokens_back).
+  ForwardResult run_forward(int64_t M, const ForwardOptions& opts, bool tokens_back);
   // y = x . w^T, through the prefill kernel during a long non-undoable chunk.
   void mm(const WeightRef& w, const float* x, float* y, int64_t M) {
     if (prefill_chunk_)
@@ -229,10 +235,10 @@ class Qwen35Model final : public TargetModel {
   bool last_undoable_ = false;
 
   // scratch, [max_rows, ...]
-  int32_t* d_ids_ = nullptr;
+  int32_t* d_ids_ = nullptr;     // [max_rows], followed by d_argmax_ (one download reads both)
+  int32_t* d_argmax_ = nullptr;  // [max_rows]
   int32_t* d_pos_ = nullptr;
   int32_t* d_kv_range_ = nullptr;  // [max_rows, 2]
-  int32_t* d_argmax_ = nullptr;
   float *x_ = nullptr, *n_ = nullptr, *y_ = nullptr, *rot_ = nullptr, *rot2_ = nullptr;
   float *big0_ = nullptr, *big1_ = nullptr, *big2_ = nullptr;  // [max_rows, max(...)]
   float *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *gate_ = nullptr, *attn_ = nullptr;
@@ -378,10 +384,10 @@ void Qwen35Model::allocate_state() {
     }
   }
   widest = std::max(widest, E);
-  d_ids_ = alloc<int32_t>(R);
+  d_ids_ = alloc<int32_t>(2 * R);
+  d_argmax_ = d_ids_ + R;
   d_pos_ = alloc<int32_t>(R);
   d_kv_range_ = alloc<int32_t>(2 * R);
-  d_argmax_ = alloc<int32_t>(R);
   x_ = alloc<float>(R * E);
   n_ = alloc<float>(R * E);
   y_ = alloc<float>(R * E);
@@ -471,34 +477,35 @@ void Qwen35Model::gdn_block(int il, const float* n, const float* nin, float* y, 
   const int64_t C = conv_dim(), K = cfg_.ssm_conv_kernel;
   mm_group({{&w.w_qkv, big0_}, {&w.w_gate, gate_}}, nin, M);  // [M, C] pre-conv, z [M, inner]
   const float* nab = w.rot_alpha_beta ? (w.rot_attn_in ? nin : rotated(n, M, cfg_.n_embd, true, rot2_)) : n;
-  // An undoable forward keeps the recurrence's inputs per layer (rollback replays them).
-  float* g = undoable ? s.undo_g : a_;        // [M, Hv] alpha, then the log-decay
-  float* beta = undoable ? s.undo_beta : b_;  // [M, Hv]
-  be_.matmul(w.w_beta, nab, beta, M);
-  be_.matmul(w.w_alpha, nab, g, M);
+  be_.matmul(w.w_beta, nab, b_, M);   // [M, Hv] beta logits
+  be_.matmul(w.w_alpha, nab, a_, M);  // [M, Hv] alpha
   if (undoable) {
     be_.copy(s.conv_state_before, s.conv_state, conv_state_bytes());
     be_.copy(s.conv_inputs, big0_, sizeof(float) * M * C);
     be_.copy(s.ssm_state_before, s.ssm_state, ssm_state_bytes());
   }
   be_.gdn_conv(big0_, s.conv_state, w.conv1d, big1_, M, C, K);  // silu(conv) [M, C]
-  // split q | k | v: one row is already three contiguous pieces (a decode step skips the copies)
-  float *q = big1_, *k = big1_ + Hk * dk, *v = big1_ + 2 * Hk * dk;
-  if (M > 1 || undoable) {
-    float *qd = undoable ? s.undo_q : q_, *kd = undoable ? s.undo_k : k_, *vd = undoable ? s.undo_v : v_;
-    be_.copy_rows(qd, Hk * dk, big1_, C, M, Hk * dk);
-    be_.copy_rows(kd, Hk * dk, big1_ + Hk * dk, C, M, Hk * dk);
-    be_.copy_rows(vd, Hv * dv, big1_ + 2 * Hk * dk, C, M, Hv * dv);
-    q = qd, k = kd, v = vd;
+  // One conv row is [q | k | v]: the recurrence reads the three pieces with row stride C.
+  const float *q = big1_, *k = big1_ + Hk * dk, *v = big1_ + 2 * Hk * dk;
+  const GdnShape shape{Hk, Hv, dk, dv};
+  if (!undoable && M >= kChunkedThreshold) {
+    // prefill: split q | k | v, prepare them and the gates, then the chunked form
+    be_.copy_rows(q_, Hk * dk, q, C, M, Hk * dk);
+    be_.copy_rows(k_, Hk * dk, k, C, M, Hk * dk);
+    be_.copy_rows(v_, Hv * dv, v, C, M, Hv * dv);
+    be_.l2_norm(q_, q_, M * Hk, dk, Backend::kGdnL2Eps, 1.0f / std::sqrt((float)dk));
+    be_.l2_norm(k_, k_, M * Hk, dk, Backend::kGdnL2Eps, 1.0f);
+    be_.gdn_gates(a_, b_, w.dt_bias, w.ssm_a, M, Hv);  // alpha -> g (log-decay), b -> beta
+    be_.gdn_chunked(q_, k_, v_, a_, b_, s.ssm_state, attn_, M, shape);
+  } else {
+    // decode and verify: norms, gates and recurrence in one op. An undoable forward keeps the
+    // recurrence's inputs per layer (rollback replays gdn_recurrent on them): the op leaves the
+    // prepared q, k, g, beta in the undo buffers, v is copied as it is.
+    const Backend::GdnPrepared undo{s.undo_q, s.undo_k, s.undo_g, s.undo_beta};
+    if (undoable) be_.copy_rows(s.undo_v, Hv * dv, v, C, M, Hv * dv);
+    be_.gdn_prepare_recurrent({q, C, k, C, v, C, a_, b_, w.dt_bias, w.ssm_a}, s.ssm_state, attn_,
+                              undoable ? &undo : nullptr, M, shape);
   }
-  be_.l2_norm(q, q, M * Hk, dk, 1e-6f, 1.0f / std::sqrt((float)dk));
-  be_.l2_norm(k, k, M * Hk, dk, 1e-6f, 1.0f);
-  be_.gdn_gates(g, beta, w.dt_bias, w.ssm_a, M, Hv);  // alpha -> g (log-decay), b -> beta
-  GdnShape shape{Hk, Hv, dk, dv};
-  if (!undoable && M >= kChunkedThreshold)
-    be_.gdn_chunked(q, k, v, g, beta, s.ssm_state, attn_, M, shape);
-  else
-    be_.gdn_recurrent(q, k, v, g, beta, s.ssm_state, attn_, nullptr, M, shape);
   // rms_norm_gated per V head, then (prism) the rotation of ssm_out's input, in grouped V order
   float* oin = w.rot_attn_out ? rot_ : attn_;
   be_.gated_norm_rotate(attn_, w.ssm_norm, gate_, oin, rotation(cfg_.ssm_inner, w.rot_attn_out, ssm_out_perm_), M,
@@ -548,25 +555,44 @@ void Qwen35Model::forward_ops(int64_t M, const ForwardOptions& opts, int64_t fir
   }
 }
 
-ForwardResult Qwen35Model::forward(std::span<const int32_t> tokens, const ForwardOptions& opts) {
-  const int64_t M = static_cast<int64_t>(tokens.size());
-  const int64_t E = cfg_.n_embd;
+void Qwen35Model::check_forward(int64_t M, const ForwardOptions& opts) const {
   DFLASH_CHECK(M >= 1 && M <= max_rows_, "forward of {} rows: must be 1..{}", M, max_rows_);
   DFLASH_CHECK(!opts.undoable || M <= max_undo_rows_,
                "an undoable forward takes at most {} rows (TargetOptions.max_undo_rows), got {}", max_undo_rows_, M);
   DFLASH_CHECK(n_past_ + M <= n_ctx_, "context full: {} cached + {} new tokens exceed the context of {} tokens",
                n_past_, M, n_ctx_);
+}
+
+ForwardResult Qwen35Model::forward(std::span<const int32_t> tokens, const ForwardOptions& opts) {
+  const int64_t M = static_cast<int64_t>(tokens.size());
+  check_forward(M, opts);
   for (int64_t m = 0; m < M; ++m)
     DFLASH_CHECK(tokens[m] >= 0 && tokens[m] < cfg_.n_vocab, "token id {} at row {} is outside the vocabulary (0..{})",
                  tokens[m], m, cfg_.n_vocab - 1);
+  be_.upload(d_ids_, tokens.data(), M * sizeof(int32_t));
+  return run_forward(M, opts, false);
+}
 
+ForwardResult Qwen35Model::forward_device(const int32_t* tokens, int64_t M, const ForwardOptions& opts) {
+  check_forward(M, opts);
+  DFLASH_CHECK(tokens != nullptr, "forward_device: null token pointer");
+  be_.copy(d_ids_, tokens, M * sizeof(int32_t));
+  ForwardResult res = run_forward(M, opts, true);
+  for (int64_t m = 0; m < M; ++m)  // the rows ran already: a bad id means the drafter wrote garbage
+    DFLASH_CHECK(res.tokens[m] >= 0 && res.tokens[m] < cfg_.n_vocab,
+                 "internal: device token id {} at row {} is outside the vocabulary (0..{})", res.tokens[m], m,
+                 cfg_.n_vocab - 1);
+  return res;
+}
+
+ForwardResult Qwen35Model::run_forward(int64_t M, const ForwardOptions& opts, bool tokens_back) {
+  const int64_t E = cfg_.n_embd;
   std::vector<int32_t> pos(M), range(2 * M);
   for (int64_t m = 0; m < M; ++m) {
     pos[m] = static_cast<int32_t>(n_past_ + m);
     range[2 * m] = 0;
     range[2 * m + 1] = static_cast<int32_t>(n_past_ + m + 1);  // causal: keys 0..pos
   }
-  be_.upload(d_ids_, tokens.data(), M * sizeof(int32_t));
   be_.upload(d_pos_, pos.data(), M * sizeof(int32_t));
   be_.upload(d_kv_range_, range.data(), 2 * M * sizeof(int32_t));
 
@@ -583,16 +609,25 @@ ForwardResult Qwen35Model::forward(std::span<const int32_t> tokens, const Forwar
   prefill_chunk_ = false;
 
   ForwardResult res;
+  const int64_t rows = opts.logits != LogitRows::kNone ? M - first : 0;
+  if (tokens_back) {  // ids and argmax in one download (d_argmax_ follows d_ids_)
+    const int64_t R = d_argmax_ - d_ids_;
+    std::vector<int32_t> io(static_cast<size_t>(R + rows));
+    be_.download(io.data(), d_ids_, io.size() * sizeof(int32_t));
+    res.tokens.assign(io.begin(), io.begin() + M);
+    res.argmax.assign(io.begin() + R, io.end());
+  }
   if (opts.logits != LogitRows::kNone) {
-    const int64_t rows = M - first;
-    res.argmax.resize(rows);
-    be_.download(res.argmax.data(), d_argmax_, rows * sizeof(int32_t));
+    if (!tokens_back) {
+      res.argmax.resize(rows);
+      be_.download(res.argmax.data(), d_argmax_, rows * sizeof(int32_t));
+    }
     if (opts.want_logits) {
       res.logits.resize((size_t)rows * cfg_.n_vocab);
       be_.download(res.logits.data(), logits_, res.logits.size() * sizeof(float));
     }
   }
-  if (opts.want_taps) {
+  if (opts.want_taps && !opts.taps_on_device) {
     res.taps.resize((size_t)M * taps_.size() * E);
     if (!res.taps.empty()) be_.download(res.taps.data(), taps_buf_, res.taps.size() * sizeof(float));
   }
@@ -637,22 +672,41 @@ std::unique_ptr<TargetModel> TargetModel::load(const gguf::File& file, Backend& 
   return std::make_unique<Qwen35Model>(file, backend, options);
 }
 
-int32_t prefill(TargetModel& model, std::span<const int32_t> tokens, std::vector<float>* taps_out,
-                std::vector<float>* last_logits) {
+namespace {
+
+// The chunk loop of prefill() / prefill_device_taps(): taps to the host (taps_out) or in backend
+// memory (on_taps), or neither.
+int32_t prefill_chunks(TargetModel& model, std::span<const int32_t> tokens, std::vector<float>* taps_out,
+                       const std::function<void(const float*, int64_t)>* on_taps, std::vector<float>* last_logits) {
   DFLASH_CHECK(!tokens.empty(), "prefill of an empty prompt");
   int32_t last = -1;
   for (size_t i = 0; i < tokens.size(); i += model.max_rows()) {
     const size_t m = std::min<size_t>(model.max_rows(), tokens.size() - i);
     ForwardOptions o;
     o.logits = i + m == tokens.size() ? LogitRows::kLast : LogitRows::kNone;
-    o.want_taps = taps_out != nullptr;
+    o.want_taps = taps_out != nullptr || on_taps != nullptr;
+    o.taps_on_device = on_taps != nullptr;
     o.want_logits = last_logits != nullptr && i + m == tokens.size();
     ForwardResult r = model.forward(tokens.subspan(i, m), o);
     if (o.want_logits) *last_logits = std::move(r.logits);
     if (taps_out) taps_out->insert(taps_out->end(), r.taps.begin(), r.taps.end());
+    if (on_taps) (*on_taps)(model.device_taps(), static_cast<int64_t>(m));
     if (!r.argmax.empty()) last = r.argmax.back();
   }
   return last;
+}
+
+}  // namespace
+
+int32_t prefill(TargetModel& model, std::span<const int32_t> tokens, std::vector<float>* taps_out,
+                std::vector<float>* last_logits) {
+  return prefill_chunks(model, tokens, taps_out, nullptr, last_logits);
+}
+
+int32_t prefill_device_taps(TargetModel& model, std::span<const int32_t> tokens,
+                            const std::function<void(const float*, int64_t)>& on_taps,
+                            std::vector<float>* last_logits) {
+  return prefill_chunks(model, tokens, nullptr, &on_taps, last_logits);
 }
 
 }  // namespace dflash

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -64,13 +65,15 @@ struct ForwardOptions {
   LogitRows logits = LogitRows::kAll;  // which rows get lm_head + argmax
   bool want_logits = false;            // also copy logits [rows, n_vocab] to the host
   bool want_taps = false;              // copy taps [M, n_taps * n_embd] to the host
+  bool taps_on_device = false;         // with want_taps: leave them in backend memory (device_taps())
   bool undoable = false;               // keep what rollback() needs to undo rows (M <= max_undo_rows)
 };
 
 struct ForwardResult {
   std::vector<int32_t> argmax;  // one per row that got logits
   std::vector<float> logits;    // [rows, n_vocab] when want_logits
-  std::vector<float> taps;      // [M, n_taps * n_embd] when want_taps
+  std::vector<float> taps;      // [M, n_taps * n_embd] when want_taps (and not taps_on_device)
+  std::vector<int32_t> tokens;  // forward_device(): the M input tokens, read back with the argmax
 };
 
 class TargetModel {
@@ -90,6 +93,13 @@ class TargetModel {
   // Appends tokens (M = tokens.size() <= max_rows) at positions n_past().. and returns what
   // `opts` asks for. Throws dflash::Error when the context would overflow.
   virtual ForwardResult forward(std::span<const int32_t> tokens, const ForwardOptions& opts) = 0;
+  // forward() of M tokens already in backend memory (a device-resident draft block): no upload of
+  // them, and ForwardResult::tokens brings them back in the same download as the argmax (the one
+  // wait of a speculative cycle). Their range is checked after the forward (a bad id throws then).
+  virtual ForwardResult forward_device(const int32_t* tokens, int64_t M, const ForwardOptions& opts) = 0;
+  // The taps of the last forward that had want_taps and taps_on_device: [M, n_taps * n_embd] in
+  // backend memory, valid until the next forward.
+  virtual const float* device_taps() const = 0;
   // Keeps the first n_keep (>= 1) rows of the last forward (which must have been undoable) and
   // undoes the rest: afterwards n_past() == position of the last kept row + 1.
   virtual void rollback(int64_t n_keep) = 0;
@@ -107,6 +117,12 @@ class TargetModel {
 // given, it receives the logits of the last token ([n_vocab], for sampling).
 int32_t prefill(TargetModel& model, std::span<const int32_t> tokens, std::vector<float>* taps_out = nullptr,
                 std::vector<float>* last_logits = nullptr);
+
+// prefill() for a drafter on the target's backend: each chunk's taps stay in backend memory and go to
+// on_taps(taps [rows, n_taps * n_embd], rows) right after the chunk, before the next one overwrites them.
+int32_t prefill_device_taps(TargetModel& model, std::span<const int32_t> tokens,
+                            const std::function<void(const float* taps, int64_t rows)>& on_taps,
+                            std::vector<float>* last_logits = nullptr);
 
 // Reads the hyper-parameters of a qwen35 / qwen3 file (throws naming the missing key).
 TargetConfig read_target_config(const gguf::File& file);

@@ -190,6 +190,42 @@ class Backend {
   //   snapshots: null, or [M, n_v_heads*head_k*head_v]: the state after each row (verify's undo).
   virtual void gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
                              float* state, float* out, float* snapshots, int64_t M, const GdnShape& shape) = 0;
+  // gdn_prepare_recurrent's inputs as they come out of the conv and the alpha/beta matmuls. q, k, v
+  // are read with row strides (floats between rows) so they may point into the conv output [M, C]
+  // without copies.
+  struct GdnRawInputs {
+    const float* q = nullptr;  // [M, n_k_heads*head_k], rows q_stride apart, not yet l2-normed
+    int64_t q_stride = 0;
+    const float* k = nullptr;  // [M, n_k_heads*head_k], rows k_stride apart, not yet l2-normed
+    int64_t k_stride = 0;
+    const float* v = nullptr;  // [M, n_v_heads*head_v], rows v_stride apart
+    int64_t v_stride = 0;
+    const float* a = nullptr;  // [M, n_v_heads] alpha (packed rows)
+    const float* b = nullptr;  // [M, n_v_heads] beta logits (packed rows)
+    const float* dt_bias = nullptr;  // [n_v_heads]
+    const float* ssm_a = nullptr;    // [n_v_heads]
+  };
+  // Where gdn_prepare_recurrent leaves the inputs it prepared (all packed rows): what a later
+  // gdn_recurrent over the same rows needs (rollback's replay of a verify step).
+  struct GdnPrepared {
+    float* q = nullptr;     // [M, n_k_heads*head_k]
+    float* k = nullptr;     // [M, n_k_heads*head_k]
+    float* g = nullptr;     // [M, n_v_heads]
+    float* beta = nullptr;  // [M, n_v_heads]
+  };
+  static constexpr float kGdnL2Eps = 1e-6f;  // the eps of GDN's q/k l2 norms
+  // The recurrence with its inputs prepared in the same op, for decode and verify (CUDA: one kernel
+  // where the op sequence takes four, the q/k/v split copies included):
+  //   q = l2_norm(in.q) * (1/sqrt(head_k)), k = l2_norm(in.k)  (per K head, eps kGdnL2Eps; as l2_norm)
+  //   beta = sigmoid(in.b), g = ssm_a * softplus(in.a + dt_bias)  (as gdn_gates)
+  //   then gdn_recurrent(q, k, v, g, beta, state, out, nullptr, M, shape).
+  // The inputs are not modified. prepared: null, or the buffers that receive the prepared q, k, g,
+  // beta: the exact values the recurrence used, so gdn_recurrent over them from the same state gives
+  // this op's state and out bit for bit. They must not overlap the inputs. Each row's prepared values
+  // depend only on that row (never on M); the backend may round them differently from the separate
+  // l2_norm / gdn_gates ops (CUDA sums the squares in another order).
+  virtual void gdn_prepare_recurrent(const GdnRawInputs& in, float* state, float* out, const GdnPrepared* prepared,
+                                     int64_t M, const GdnShape& shape) = 0;
   // The same computation in chunked (WY / UT) form for prefill: equal to gdn_recurrent up to fp32
   // rounding, much faster for long M. Backends may fall back to the recurrence. Unlike the other ops
   // its bits depend on M (a row's result depends on its chunk), so it is for prefill only; decode and
@@ -221,6 +257,19 @@ class Backend {
   //   res:  null, or a residual [M, C] added last (may alias y); x must not alias y.
   virtual void dflash_conv(const float* x, const float* base, const float* d, int64_t d_stride, const float* res,
                            float* y, int64_t M, int64_t C, int64_t K, int64_t group) = 0;
+  // The DFlash 2 selector's greedy walk (SPEC 4.2 step 6) over codebook rows gathered beforehand
+  // with get_rows, so that drafts never visit the host inside a speculative cycle (and the walk needs
+  // no codebook type):
+  //   pred  [1 + (rows - 1) * top_k, rank]: row 0 is the anchor's predecessor row, row 1 + p*top_k + k
+  //         the predecessor row of candidate k of block row p (p < rows - 1)
+  //   succ  [rows * top_k, rank]: row p*top_k + k is the successor row of candidate k of block row p
+  //   cand, unary [rows, top_k] (candidate ids and logits), g [rows, rank]
+  //   out   [rows]: out[p] = cand[p][k*] with k* = argmax_k S[k] (ties and NaN: the lowest k wins, as
+  //         `k == 0 || S > best`), S[k] = unary[p][k] + sum_r (pred[prev][r] * g[p][r]) * succ[p][k][r]
+  //         summed over r in order from 0.0f, without fused multiply-adds; prev is the anchor for p = 0,
+  //         then the previous row's choice. The host reference is selector_walk() (models/dflash_drafter.h).
+  virtual void selector_walk(const float* pred, const float* succ, const int32_t* cand, const float* unary,
+                             const float* g, int32_t* out, int64_t rows, int64_t top_k, int64_t rank) = 0;
 };
 
 // The CPU reference backend (always available).

@@ -48,10 +48,17 @@ int32_t Engine::prepare(std::span<const int32_t> prompt, GenerateStats& st, bool
   const auto t0 = std::chrono::steady_clock::now();
   prompt_taps_.clear();
   std::vector<float> logits;
-  int32_t first = prefill(target_, prompt.subspan(cached_.size()), want_taps ? &prompt_taps_ : nullptr,
-                          sampler ? &logits : nullptr);
+  const std::span<const int32_t> rest = prompt.subspan(cached_.size());
+  int32_t first = -1;
+  if (want_taps && drafter_->drafts_on_device()) {  // each chunk's taps go to the drafter in backend memory
+    first = prefill_device_taps(
+        target_, rest, [&](const float* taps, int64_t rows) { drafter_->append_context_device(taps, rows); },
+        sampler ? &logits : nullptr);
+  } else {
+    first = prefill(target_, rest, want_taps ? &prompt_taps_ : nullptr, sampler ? &logits : nullptr);
+    if (want_taps) drafter_->append_context(prompt_taps_, static_cast<int64_t>(rest.size()));
+  }
   if (sampler) first = sampler->sample(logits);
-  if (want_taps) drafter_->append_context(prompt_taps_, static_cast<int64_t>(prompt.size() - cached_.size()));
   st.prefill_seconds = seconds_since(t0);
   cached_.assign(prompt.begin(), prompt.end());
   return first;

@@ -28,6 +28,10 @@ struct GenerateOptions {
   // temperature > 0 samples; speculative sampling then accepts a draft with the target's probability
   // of it, so its output is distributed as plain sampling's (the same seed gives other tokens).
   SamplingParams sampling;
+  // Wait for the backend after each draft so that draft_seconds and verify_seconds split a cycle's
+  // time. Off, a device-resident cycle (greedy, drafter on the target's backend) waits only for the
+  // verify, and draft_seconds counts only the host's time to enqueue the draft.
+  bool time_phases = false;
 };
 
 struct GenerateStats {
@@ -43,7 +47,7 @@ struct GenerateStats {
   std::vector<int64_t> drafted_at;     // [B-1]: cycles that proposed a token at position i (narrower
                                        // near max_tokens or a full context)
   std::vector<int32_t> accepted_per_cycle;  // accepted drafts of each cycle
-  double draft_seconds = 0, verify_seconds = 0, other_seconds = 0;
+  double draft_seconds = 0, verify_seconds = 0, other_seconds = 0;  // see GenerateOptions::time_phases
   bool stopped_by_token = false;       // a stop token ended the generation
   bool context_full = false;           // the context filled up before max_tokens
   double acceptance_length() const { return cycles ? static_cast<double>(generated - 1) / cycles : 0.0; }

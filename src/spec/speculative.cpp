@@ -12,6 +12,11 @@
 // The target's multi-row forward gives every row the bits of a one-row forward (SPEC 5.5), so the
 // accepted tokens are the plain decode's tokens exactly, not up to ties.
 //
+// Device-resident cycle (greedy, with a drafter that drafts on the target's backend, #7 item 3): the
+// draft block [a, d_1..] stays in backend memory, the verify reads it there, and the verify's one
+// download brings back the block with the argmax; the taps go from the target to the drafter in
+// backend memory too. So the host waits once per cycle, to learn what was accepted.
+//
 // Sampling (temperature > 0): the draft is deterministic, so d_i is accepted with probability
 // p_{i-1}(d_i) under row i-1's filtered, tempered distribution; at the first rejection the bonus is
 // drawn from p_{i-1} without d_i (renormalised), else from p_{w-1}. This is speculative sampling
@@ -57,11 +62,13 @@ void Engine::generate_speculative(int32_t anchor, const GenerateOptions& opts, c
     return cb(t) && !stop && st.generated < opts.max_tokens;
   };
 
+  const bool on_device = sampler == nullptr && dr.drafts_on_device();
   auto run = [&] {
     if (!yield(anchor)) return;
     ForwardOptions fo;
     fo.logits = LogitRows::kAll;
     fo.want_taps = true;
+    fo.taps_on_device = on_device;
     fo.undoable = true;
     fo.want_logits = sampler != nullptr;
     std::vector<int32_t> block;
@@ -76,17 +83,32 @@ void Engine::generate_speculative(int32_t anchor, const GenerateOptions& opts, c
                    dr.context_end(), P);
       const int64_t w = std::min({B, target_.n_ctx() - P, opts.max_tokens - st.generated, target_.max_rows()});
       block.assign(1, anchor);
-      if (w >= 2) {
+      ForwardResult r;
+      if (on_device && w >= 2) {
         const auto t0 = Clock::now();
-        const std::vector<int32_t> d = dr.draft(anchor);
-        DFLASH_CHECK(static_cast<int64_t>(d.size()) >= w - 1, "internal: the drafter proposed {} tokens, need {}",
-                     d.size(), w - 1);
-        block.insert(block.end(), d.begin(), d.begin() + (w - 1));
-        st.draft_seconds += seconds_between(t0, Clock::now());
+        const int32_t* d_block = dr.draft_device(anchor);  // enqueued, not waited for
+        if (opts.time_phases) target_.backend().synchronize();
+        const auto t1 = Clock::now();
+        st.draft_seconds += seconds_between(t0, t1);
+        r = target_.forward_device(d_block, w, fo);
+        st.verify_seconds += seconds_between(t1, Clock::now());
+        DFLASH_CHECK(static_cast<int64_t>(r.tokens.size()) == w && r.tokens[0] == anchor,
+                     "internal: the device draft block starts with {}, not the anchor {}",
+                     r.tokens.empty() ? -1 : r.tokens[0], anchor);
+        block = r.tokens;
+      } else {
+        if (w >= 2) {
+          const auto t0 = Clock::now();
+          const std::vector<int32_t> d = dr.draft(anchor);
+          DFLASH_CHECK(static_cast<int64_t>(d.size()) >= w - 1, "internal: the drafter proposed {} tokens, need {}",
+                       d.size(), w - 1);
+          block.insert(block.end(), d.begin(), d.begin() + (w - 1));
+          st.draft_seconds += seconds_between(t0, Clock::now());
+        }
+        const auto t1 = Clock::now();
+        r = target_.forward(block, fo);
+        st.verify_seconds += seconds_between(t1, Clock::now());
       }
-      const auto t1 = Clock::now();
-      const ForwardResult r = target_.forward(block, fo);
-      st.verify_seconds += seconds_between(t1, Clock::now());
       DFLASH_CHECK(static_cast<int64_t>(r.argmax.size()) == w, "internal: verify returned {} argmax rows for {}",
                    r.argmax.size(), w);
 
@@ -120,8 +142,12 @@ void Engine::generate_speculative(int32_t anchor, const GenerateOptions& opts, c
         more = yield(t);
       }
       target_.rollback(n);  // keep rows 0..n-1: the cache holds everything yielded but the last token
-      const size_t width = r.taps.size() / static_cast<size_t>(w);
-      dr.append_context(std::span<const float>(r.taps.data(), width * n), n);
+      if (on_device) {
+        dr.append_context_device(target_.device_taps(), n);
+      } else {
+        const size_t width = r.taps.size() / static_cast<size_t>(w);
+        dr.append_context(std::span<const float>(r.taps.data(), width * n), n);
+      }
       if (!more) return;
     }
   };

@@ -8,15 +8,20 @@
 //  - greedy generation of 64 tokens, CUDA vs CPU. The synthetic models scale the output weights up
 //    (logit_scale) so greedy margins are large, but CUDA and CPU logits differ in the last bits, so a
 //    near-tie can legitimately flip a token; the test records how many tokens agree and requires
-//    all 64 only where the smallest top-2 margin seen on the CPU path is above 1e-3.
+//    all 64 only where the smallest top-2 margin seen on the CPU path is above 1e-3;
+//  - speculative decoding on the GPU (the bundled pair, device-resident cycle: drafts and taps stay in
+//    device memory) yields exactly the GPU's plain greedy output.
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <memory>
 
+#include <fmt/format.h>
+
 #include "cuda_test_util.h"
 #include "gguf/gguf.h"
+#include "models/dflash_drafter.h"
 #include "models/synth.h"
 #include "models/target.h"
 #include "spec/engine.h"
@@ -225,6 +230,61 @@ TEST_P(CudaModel, GreedyMatchesCpu) {
           std::to_string(agree) + "/" + std::to_string(tc.size()) + " tokens agree; min CPU top-2 margin " +
               std::to_string(min_margin)});
   EXPECT_TRUE(pass) << agree << " of " << tc.size() << " agree, min margin " << min_margin;
+}
+
+// The bundled pair (models/, read relative to the working directory: scripts/gpu_test.sh runs from the
+// repository root). Prompts are the target's own greedy text, so the drafter has something to predict.
+TEST(CudaSpeculative, DeviceCycleMatchesPlainGreedy) {
+  REQUIRE_GPU();
+  const fs::path dir = "models";
+  ASSERT_TRUE(fs::exists(dir / "target.gguf") && fs::exists(dir / "drafter.gguf"))
+      << "run from the repository root: models/target.gguf and models/drafter.gguf not found";
+  const gguf::File tf = gguf::File::open((dir / "target.gguf").string());
+  const gguf::File df = gguf::File::open((dir / "drafter.gguf").string());
+  const DrafterConfig dc = read_drafter_config(df);
+  TargetOptions o;
+  o.n_ctx = 1024;
+  o.tap_layers = dc.target_layers;
+  o.max_undo_rows = dc.block_size;
+  auto target = TargetModel::load(tf, gpu(), o);
+  auto drafter = DFlashDrafter::load(df, *target);
+  ASSERT_TRUE(drafter->drafts_on_device());
+  const int32_t vocab = static_cast<int32_t>(target->config().n_vocab);
+  int64_t cycles = 0, accepted = 0, drafted = 0, compared = 0;
+  bool all_equal = true;
+  for (uint32_t seed = 1; seed <= 4; ++seed) {
+    Engine plain(*target);
+    GenerateOptions po;
+    po.speculative = false;
+    po.max_tokens = 48;
+    std::vector<int32_t> prompt = random_tokens(6, seed, vocab);
+    plain.generate(prompt, po, [&](int32_t t) { prompt.push_back(t); return true; });  // + 48 own tokens
+    plain.reset();
+    po.max_tokens = 96;
+    std::vector<int32_t> want;
+    plain.generate(prompt, po, [&](int32_t t) { want.push_back(t); return true; });
+    for (int64_t B : {2, 5, 8}) {
+      for (bool phases : {false, true}) {
+        Engine spec(*target, drafter.get());
+        GenerateOptions so = po;
+        so.speculative = true;
+        so.block = B;
+        so.time_phases = phases;
+        std::vector<int32_t> got;
+        const GenerateStats st = spec.generate(prompt, so, [&](int32_t t) { got.push_back(t); return true; });
+        EXPECT_EQ(got, want) << "seed " << seed << " block " << B << (phases ? " (timed phases)" : "");
+        all_equal = all_equal && got == want;
+        cycles += st.cycles;
+        accepted += st.accepted;
+        drafted += st.drafted;
+        compared += static_cast<int64_t>(got.size());
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0) << "the drafter never agreed with the target: the device drafts are suspect";
+  record({"speculative == plain (bundled pair, device cycle)", "4 prompts x B 2,5,8 x 96 tokens", 0, 0, -1,
+          all_equal && accepted > 0,
+          fmt::format("{} tokens compared; {} cycles, {}/{} drafts accepted", compared, cycles, accepted, drafted)});
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaModel,

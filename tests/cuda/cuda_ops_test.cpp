@@ -11,7 +11,8 @@
 //              over activations rounded to 24 bits per 128-block: measured 2e-14)
 //   1e-11    : norms, elementwise, rope, convs (a few ulp per element)
 //   1e-10    : attention (online vs two-pass softmax; split-key merge)
-//   1e-9     : gdn_recurrent (8-row recurrence of a 128x128 state, different sum trees)
+//   1e-9     : gdn_recurrent, gdn_prepare_recurrent (8-row recurrence of a 128x128 state, different sum
+//              trees; the latter's prepared q, k, g, beta at 1e-11 like the norms and gates)
 //   1e-7     : gdn_chunked (both run the chunked WY form, CUDA with 3xTF32 tensor-core products:
 //              equal up to fp32 rounding; measured 1e-12)
 #include <fmt/format.h>
@@ -527,6 +528,89 @@ TEST(CudaOps, GdnRecurrent) {
   }
 }
 
+// gdn_prepare_recurrent (decode / verify: l2 norms, gates and the recurrence in one kernel) from raw
+// conv rows [M, C] (q | k | v read with row stride C) against the CPU's op sequence: out and state at
+// gdn_recurrent's bound, the prepared q, k, g, beta at the norms' / gates' bound. On the GPU, bit for
+// bit: the inputs are left as they were, M rows == M one-row calls (state carried, prepared values
+// too), no `prepared` gives the same out and state, and gdn_recurrent over the prepared values from
+// the same state (rollback's replay) gives the op's state and out. M = 11 spans two staging blocks.
+TEST(CudaOps, GdnPrepareRecurrent) {
+  REQUIRE_GPU();
+  std::mt19937 rng(34);
+  struct Case {
+    GdnShape s;
+    int64_t M;
+  };
+  const GdnShape big{16, 48, 128, 128};
+  const Case cases[] = {{big, 1}, {big, 2}, {big, 8}, {big, 11}, {{2, 4, 32, 64}, 3}, {{2, 4, 16, 16}, 9}};
+  for (const Case& cs : cases) {
+    const GdnShape& s = cs.s;
+    const int64_t M = cs.M, Hk = s.n_k_heads, Hv = s.n_v_heads;
+    const int64_t nqk = Hk * s.head_k, nv = Hv * s.head_v, C = 2 * nqk + nv, hs = Hv * s.head_k * s.head_v;
+    const auto conv = randn_vec(rng, M * C), a = randn_vec(rng, M * Hv, 3.0f), b = randn_vec(rng, M * Hv, 3.0f),
+               dt = randn_vec(rng, Hv), sa = rand_vec(rng, Hv, -8.0f, -0.01f), st0 = randn_vec(rng, hs, 0.3f);
+    const std::string shp = shape_str({M, Hk, Hv, s.head_k, s.head_v});
+    auto bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+      return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+    };
+    auto raw = [&](const float* x, const float* av, const float* bv, const float* d, const float* A) {
+      return Backend::GdnRawInputs{x, C, x + nqk, C, x + 2 * nqk, C, av, bv, d, A};
+    };
+    Buf<float> xg(gpu(), conv), ag(gpu(), a), bg(gpu(), b), dg(gpu(), dt), sag(gpu(), sa), sg(gpu(), st0),
+        og(gpu(), M * nv), pqg(gpu(), M * nqk), pkg(gpu(), M * nqk), pgg(gpu(), M * Hv), pbg(gpu(), M * Hv);
+    Buf<float> xc(cpu(), conv), ac(cpu(), a), bc(cpu(), b), dc(cpu(), dt), sac(cpu(), sa), sc(cpu(), st0),
+        oc(cpu(), M * nv), pqc(cpu(), M * nqk), pkc(cpu(), M * nqk), pgc(cpu(), M * Hv), pbc(cpu(), M * Hv);
+    const Backend::GdnPrepared prep_g{pqg, pkg, pgg, pbg}, prep_c{pqc, pkc, pgc, pbc};
+    gpu().gdn_prepare_recurrent(raw(xg, ag, bg, dg, sag), sg, og, &prep_g, M, s);
+    cpu().gdn_prepare_recurrent(raw(xc, ac, bc, dc, sac), sc, oc, &prep_c, M, s);
+    const auto out = og.get(), st = sg.get(), pq = pqg.get(), pk = pkg.get(), pg = pgg.get(), pb = pbg.get();
+    check("gdn_prepare_recurrent out", shp, out, oc.get(), 1e-9, og.guard_ok());
+    check("gdn_prepare_recurrent state", shp, st, sc.get(), 1e-9, sg.guard_ok());
+    check("gdn_prepare_recurrent prepared q", shp, pq, pqc.get(), 1e-11, pqg.guard_ok());
+    check("gdn_prepare_recurrent prepared k", shp, pk, pkc.get(), 1e-11, pkg.guard_ok());
+    check("gdn_prepare_recurrent prepared g", shp, pg, pgc.get(), 1e-11, pgg.guard_ok());
+    check("gdn_prepare_recurrent prepared beta", shp, pb, pbc.get(), 1e-11, pbg.guard_ok());
+    {  // the inputs are read only
+      const bool same = bits(xg.get(), conv) && bits(ag.get(), a) && bits(bg.get(), b);
+      record({"gdn_prepare_recurrent inputs unchanged", shp, 0, 0, 0, same,
+              same ? "conv rows, a, b memcmp equal" : "changed"});
+      EXPECT_TRUE(same) << shp;
+    }
+    {  // without `prepared`: the same out and state
+      Buf<float> s2(gpu(), st0), o2(gpu(), M * nv);
+      gpu().gdn_prepare_recurrent(raw(xg, ag, bg, dg, sag), s2, o2, nullptr, M, s);
+      const bool same = bits(o2.get(), out) && bits(s2.get(), st);
+      record({"gdn_prepare_recurrent no prepared == prepared", shp, 0, 0, 0, same,
+              same ? "out + state memcmp equal" : "differs"});
+      EXPECT_TRUE(same) << shp;
+    }
+    {  // verify == decode: M one-row calls carrying the state give the bits of the M-row call
+      Buf<float> s1(gpu(), st0), o1(gpu(), M * nv), q1(gpu(), M * nqk), k1(gpu(), M * nqk), g1(gpu(), M * Hv),
+          b1(gpu(), M * Hv);
+      for (int64_t m = 0; m < M; ++m) {
+        const Backend::GdnPrepared p1{q1.get_ptr() + m * nqk, k1.get_ptr() + m * nqk, g1.get_ptr() + m * Hv,
+                                      b1.get_ptr() + m * Hv};
+        gpu().gdn_prepare_recurrent(raw(xg.get_ptr() + m * C, ag.get_ptr() + m * Hv, bg.get_ptr() + m * Hv, dg, sag),
+                                    s1, o1.get_ptr() + m * nv, &p1, 1, s);
+      }
+      const bool same = bits(o1.get(), out) && bits(s1.get(), st) && bits(q1.get(), pq) && bits(k1.get(), pk) &&
+                        bits(g1.get(), pg) && bits(b1.get(), pb);
+      record({"gdn_prepare_recurrent M-row==1-row", shp, 0, 0, 0, same,
+              same ? "out + state + prepared memcmp equal" : "differs"});
+      EXPECT_TRUE(same) << shp;
+    }
+    {  // rollback's replay: gdn_recurrent over the prepared values and the packed v, from the same state
+      Buf<float> vg(gpu(), M * nv), s3(gpu(), st0), o3(gpu(), M * nv);
+      gpu().copy_rows(vg, nv, xg.get_ptr() + 2 * nqk, C, M, nv);
+      gpu().gdn_recurrent(pqg, pkg, vg, pgg, pbg, s3, o3, nullptr, M, s);
+      const bool same = bits(s3.get(), st) && bits(o3.get(), out);
+      record({"gdn_prepare_recurrent replay (gdn_recurrent on prepared)", shp, 0, 0, 0, same,
+              same ? "state + out memcmp equal" : "differs"});
+      EXPECT_TRUE(same) << shp;
+    }
+  }
+}
+
 TEST(CudaOps, GdnChunked) {
   // CUDA runs the chunked WY kernels (3xTF32 tensor-core products, fp32 accumulation): compared with
   // the CPU chunked form (same algebra) and the CPU recurrence (same math, other rounding), out and
@@ -683,6 +767,42 @@ TEST(CudaOps, DflashConv) {
                         with_res ? rc.get_ptr() : nullptr, yc, M, C, K, group);
       check(fmt::format("dflash_conv stage {}{}", stage, with_res ? " +res" : ""),
             shape_str({M, C, K, group}), yg.get(), yc.get(), 1e-11, yg.guard_ok());
+    }
+}
+
+// ---- DFlash 2 selector walk ------------------------------------------------------------------------
+// The device walk must pick the CPU's path exactly (the same products and sums in the same order, no
+// fma): 27B shape (7 rows x 16 candidates x rank 256), odd shapes, ties (the first candidate wins), NaN.
+TEST(CudaOps, SelectorWalk) {
+  std::mt19937 rng(123);
+  struct Shape {
+    int64_t rows, top_k, rank;
+  };
+  const Shape shapes[] = {{7, 16, 256}, {1, 1, 1}, {3, 5, 33}, {15, 64, 100}, {7, 256, 24}, {2, 16, 1024}};
+  int case_no = 0;
+  for (const Shape& sh : shapes)
+    for (int variant = 0; variant < 3; ++variant, ++case_no) {
+      const int64_t rows = sh.rows, K = sh.top_k, R = sh.rank;
+      const int64_t np = 1 + (rows - 1) * K;
+      auto pred = randn_vec(rng, np * R), succ = randn_vec(rng, rows * K * R), g = randn_vec(rng, rows * R);
+      auto unary = randn_vec(rng, rows * K, 3.0f);
+      std::vector<int32_t> cand(rows * K);
+      for (auto& c : cand) c = static_cast<int32_t>(rng() % 248320);
+      if (variant == 1) {  // every candidate of a row scores the same
+        std::fill(succ.begin(), succ.end(), 0.25f);
+        std::fill(unary.begin(), unary.end(), -1.0f);
+      }
+      if (variant == 2) unary[rng() % unary.size()] = NAN;
+      Buf<float> pg(gpu(), pred), sg(gpu(), succ), gg(gpu(), g), ug(gpu(), unary);
+      Buf<float> pc(cpu(), pred), sc(cpu(), succ), gc(cpu(), g), uc(cpu(), unary);
+      Buf<int32_t> cg(gpu(), cand), cc(cpu(), cand), og(gpu(), rows), oc(cpu(), rows);
+      gpu().selector_walk(pg, sg, cg, ug, gg, og, rows, K, R);
+      cpu().selector_walk(pc, sc, cc, uc, gc, oc, rows, K, R);
+      const bool same = og.get() == oc.get();
+      const bool guards = og.guard_ok();
+      record({fmt::format("selector_walk {}", variant == 0 ? "randn" : variant == 1 ? "ties" : "nan"),
+              shape_str({rows, K, R}), 0, 0, 0, same && guards, same ? "path equal" : "path differs"});
+      EXPECT_TRUE(same && guards) << "case " << case_no;
     }
 }
 

@@ -199,6 +199,112 @@ TEST(CpuGdnRecurrent, RowsAtOnceEqualRowByRowAndSnapshotsEqualShorterRuns) {
   EXPECT_TRUE(same_bits(t1.snapshots.data(), all.snapshots.data(), all.snapshots.size()));
 }
 
+// ---- recurrence with prepared inputs ---------------------------------------------------------------
+
+// gdn_prepare_recurrent from raw conv rows equals the op sequence it replaces (copy_rows, l2_norm,
+// l2_norm, gdn_gates, gdn_recurrent) bit for bit: out, state and the prepared q, k, g, beta. Two input
+// layouts: q | k | v pieces of one conv row (row stride C plus padding), and separate packed arrays.
+TEST(CpuGdnPrepareRecurrent, EqualsOpSequenceBitForBit) {
+  std::mt19937 rng(26);
+  auto be = make_cpu_backend(3);
+  for (const GdnShape& s : {GdnShape{2, 6, 32, 16}, GdnShape{1, 3, 128, 64}})
+    for (int64_t M : {1, 3, 8})
+      for (bool conv_rows : {true, false}) {
+        SCOPED_TRACE(testing::Message() << "Hk " << s.n_k_heads << " Hv " << s.n_v_heads << " dk " << s.head_k
+                                        << " dv " << s.head_v << " M " << M << (conv_rows ? " conv rows" : " packed"));
+        const int64_t Hk = s.n_k_heads, Hv = s.n_v_heads, nqk = Hk * s.head_k, nv = Hv * s.head_v;
+        const int64_t C = 2 * nqk + nv + 5;  // padded, so the strides are not the row widths
+        const auto conv = random_vec(rng, M * C, -2, 2);
+        auto qp = random_vec(rng, M * nqk, -2, 2), kp = random_vec(rng, M * nqk, -2, 2);
+        auto vp = random_vec(rng, M * nv, -2, 2);
+        const auto a = random_vec(rng, M * Hv, -6, 6), b = random_vec(rng, M * Hv, -6, 6);
+        const auto dt = random_vec(rng, Hv), A = random_vec(rng, Hv, -4, -0.1f);
+        const auto state0 = random_vec(rng, Hv * s.head_k * s.head_v, -0.5f, 0.5f);
+        Backend::GdnRawInputs in{qp.data(), nqk, kp.data(), nqk, vp.data(), nv,
+                                 a.data(), b.data(), dt.data(), A.data()};
+        if (conv_rows) in.q = conv.data(), in.k = conv.data() + nqk, in.v = conv.data() + 2 * nqk;
+        if (conv_rows) in.q_stride = in.k_stride = in.v_stride = C;
+
+        // the op sequence on packed copies
+        std::vector<float> q(M * nqk), k(M * nqk), v(M * nv), g = a, beta = b;
+        be->copy_rows(q.data(), nqk, in.q, in.q_stride, M, nqk);
+        be->copy_rows(k.data(), nqk, in.k, in.k_stride, M, nqk);
+        be->copy_rows(v.data(), nv, in.v, in.v_stride, M, nv);
+        be->l2_norm(q.data(), q.data(), M * Hk, s.head_k, 1e-6f, 1.0f / std::sqrt(float(s.head_k)));
+        be->l2_norm(k.data(), k.data(), M * Hk, s.head_k, 1e-6f, 1.0f);
+        be->gdn_gates(g.data(), beta.data(), dt.data(), A.data(), M, Hv);
+        std::vector<float> st_ref = state0, out_ref(M * nv);
+        be->gdn_recurrent(q.data(), k.data(), v.data(), g.data(), beta.data(), st_ref.data(), out_ref.data(), nullptr,
+                          M, s);
+
+        // the op, with and without `prepared`; the inputs stay as they were
+        const auto conv_in = conv, qp_in = qp, kp_in = kp, vp_in = vp;
+        std::vector<float> pq(M * nqk), pk(M * nqk), pg(M * Hv), pb(M * Hv);
+        const Backend::GdnPrepared prep{pq.data(), pk.data(), pg.data(), pb.data()};
+        std::vector<float> st = state0, out(M * nv, -1.0f);
+        be->gdn_prepare_recurrent(in, st.data(), out.data(), &prep, M, s);
+        EXPECT_TRUE(same_bits(out.data(), out_ref.data(), out.size())) << "out";
+        EXPECT_TRUE(same_bits(st.data(), st_ref.data(), st.size())) << "state";
+        EXPECT_TRUE(same_bits(pq.data(), q.data(), q.size())) << "prepared q";
+        EXPECT_TRUE(same_bits(pk.data(), k.data(), k.size())) << "prepared k";
+        EXPECT_TRUE(same_bits(pg.data(), g.data(), g.size())) << "prepared g";
+        EXPECT_TRUE(same_bits(pb.data(), beta.data(), beta.size())) << "prepared beta";
+        std::vector<float> st2 = state0, out2(M * nv, -1.0f);
+        be->gdn_prepare_recurrent(in, st2.data(), out2.data(), nullptr, M, s);
+        EXPECT_TRUE(same_bits(out2.data(), out_ref.data(), out2.size())) << "out (no prepared)";
+        EXPECT_TRUE(same_bits(st2.data(), st_ref.data(), st2.size())) << "state (no prepared)";
+        EXPECT_EQ(conv, conv_in);
+        EXPECT_EQ(qp, qp_in);
+        EXPECT_EQ(kp, kp_in);
+        EXPECT_EQ(vp, vp_in);
+
+        // The prepared values against double references (so the sequence above cannot be wrong in
+        // the same way as the op): |q| = 1/sqrt(head_k) and |k| = 1 per head, the gates' formulas.
+        std::vector<double> qn(M * nqk), kn(M * nqk), gr(M * Hv), br(M * Hv);
+        for (int64_t m = 0; m < M; ++m) {
+          for (int64_t h = 0; h < Hk; ++h) {
+            const float* rq = in.q + m * in.q_stride + h * s.head_k;
+            const float* rk = in.k + m * in.k_stride + h * s.head_k;
+            double sq = 0, sk = 0;
+            for (int64_t i = 0; i < s.head_k; ++i) sq += double(rq[i]) * rq[i], sk += double(rk[i]) * rk[i];
+            for (int64_t i = 0; i < s.head_k; ++i) {
+              qn[m * nqk + h * s.head_k + i] = rq[i] / std::sqrt(sq + 1e-6) / std::sqrt(double(s.head_k));
+              kn[m * nqk + h * s.head_k + i] = rk[i] / std::sqrt(sk + 1e-6);
+            }
+          }
+          for (int64_t h = 0; h < Hv; ++h) {
+            const double u = double(a[m * Hv + h]) + dt[h];
+            gr[m * Hv + h] = A[h] * (u > 20 ? u : std::log1p(std::exp(u)));
+            br[m * Hv + h] = 1.0 / (1.0 + std::exp(-double(b[m * Hv + h])));
+          }
+        }
+        expect_close(pq, qn, 1e-7, 1e-5, "prepared q vs double");
+        expect_close(pk, kn, 1e-7, 1e-5, "prepared k vs double");
+        expect_close(pg, gr, 1e-6, 1e-5, "prepared g vs double");
+        expect_close(pb, br, 1e-7, 1e-6, "prepared beta vs double");
+
+        // rollback's replay: gdn_recurrent over the prepared values (and v) gives the op's state
+        std::vector<float> st3 = state0, out3(M * nv);
+        be->gdn_recurrent(pq.data(), pk.data(), v.data(), pg.data(), pb.data(), st3.data(), out3.data(), nullptr, M, s);
+        EXPECT_TRUE(same_bits(st3.data(), st.data(), st.size())) << "replayed state";
+
+        // the lossless contract: M rows at once == one row at a time (state carried)
+        std::vector<float> st1 = state0, out1(M * nv), pq1(M * nqk), pk1(M * nqk), pg1(M * Hv), pb1(M * Hv);
+        for (int64_t m = 0; m < M; ++m) {
+          Backend::GdnRawInputs r = in;
+          r.q += m * in.q_stride, r.k += m * in.k_stride, r.v += m * in.v_stride, r.a += m * Hv, r.b += m * Hv;
+          const Backend::GdnPrepared p1{pq1.data() + m * nqk, pk1.data() + m * nqk, pg1.data() + m * Hv,
+                                        pb1.data() + m * Hv};
+          be->gdn_prepare_recurrent(r, st1.data(), out1.data() + m * nv, &p1, 1, s);
+        }
+        EXPECT_TRUE(same_bits(out1.data(), out.data(), out.size())) << "out, row by row";
+        EXPECT_TRUE(same_bits(st1.data(), st.data(), st.size())) << "state, row by row";
+        EXPECT_TRUE(same_bits(pq1.data(), pq.data(), pq.size()) && same_bits(pk1.data(), pk.data(), pk.size()) &&
+                    same_bits(pg1.data(), pg.data(), pg.size()) && same_bits(pb1.data(), pb.data(), pb.size()))
+            << "prepared, row by row";
+      }
+}
+
 // ---- chunked form ---------------------------------------------------------------------------------
 
 double max_abs(const std::vector<float>& x) {

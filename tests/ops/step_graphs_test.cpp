@@ -75,6 +75,10 @@ class FakeGraphBackend final : public Backend {
                      float* o, float* sn, int64_t M, const GdnShape& s) override {
     cpu_->gdn_recurrent(q, k, v, g, b, st, o, sn, M, s);
   }
+  void gdn_prepare_recurrent(const GdnRawInputs& in, float* st, float* o, const GdnPrepared* p, int64_t M,
+                             const GdnShape& s) override {
+    cpu_->gdn_prepare_recurrent(in, st, o, p, M, s);
+  }
   void gdn_chunked(const float* q, const float* k, const float* v, const float* g, const float* b, float* st,
                    float* o, int64_t M, const GdnShape& s) override {
     cpu_->gdn_chunked(q, k, v, g, b, st, o, M, s);
@@ -86,6 +90,10 @@ class FakeGraphBackend final : public Backend {
   void dflash_conv(const float* x, const float* b, const float* d, int64_t ds, const float* r, float* y, int64_t M,
                    int64_t C, int64_t K, int64_t g) override {
     cpu_->dflash_conv(x, b, d, ds, r, y, M, C, K, g);
+  }
+  void selector_walk(const float* pr, const float* su, const int32_t* c, const float* u, const float* g, int32_t* o,
+                     int64_t rows, int64_t k, int64_t r) override {
+    cpu_->selector_walk(pr, su, c, u, g, o, rows, k, r);
   }
 
   bool begin_capture() override {

@@ -101,6 +101,45 @@ TEST(Selector, WalkMatchesDirectComputation) {
   }
 }
 
+// The backend op (Backend::selector_walk, over gathered codebook rows) picks exactly the host
+// reference's path, also when scores tie (the lowest k wins) or are NaN.
+TEST(Selector, BackendWalkEqualsHostWalk) {
+  auto be = make_cpu_backend(2);
+  std::mt19937_64 rng(9);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int64_t rows = 1 + trial % 8, top_k = 1 + (trial * 5) % 17, rank = 1 + (trial * 7) % 40, vocab = 64;
+    auto pred = randn(vocab * rank, 500 + trial), succ = randn(vocab * rank, 600 + trial);
+    const auto g = randn(rows * rank, 700 + trial);
+    auto unary = randn(rows * top_k, 800 + trial, 3.0f);
+    std::vector<int32_t> cand(rows * top_k);
+    for (auto& c : cand) c = static_cast<int32_t>(rng() % vocab);  // repeated candidates are allowed
+    if (trial % 3 == 1) {  // ties: every candidate scores the same
+      std::fill(succ.begin(), succ.end(), 0.5f);
+      std::fill(unary.begin(), unary.end(), 1.0f);
+    }
+    if (trial % 5 == 2) unary[rng() % unary.size()] = std::nanf("");
+    const int32_t anchor = static_cast<int32_t>(rng() % vocab);
+    const auto want = selector_walk(anchor, rows, top_k, rank, cand.data(), unary.data(), g.data(),
+                                    [&](int which, int32_t tok, float* out) {
+                                      const auto& cb = which == 0 ? pred : succ;
+                                      std::copy(cb.begin() + tok * rank, cb.begin() + (tok + 1) * rank, out);
+                                    });
+    // the gathered rows, as the drafter lays them out with get_rows
+    std::vector<float> pr((1 + (rows - 1) * top_k) * rank), su(rows * top_k * rank);
+    std::copy(pred.begin() + anchor * rank, pred.begin() + (anchor + 1) * rank, pr.begin());
+    for (int64_t i = 0; i < (rows - 1) * top_k; ++i)
+      std::copy(pred.begin() + cand[i] * rank, pred.begin() + (cand[i] + 1) * rank, pr.begin() + (1 + i) * rank);
+    for (int64_t i = 0; i < rows * top_k; ++i)
+      std::copy(succ.begin() + cand[i] * rank, succ.begin() + (cand[i] + 1) * rank, su.begin() + i * rank);
+    std::vector<int32_t> got(rows, -1);
+    be->selector_walk(pr.data(), su.data(), cand.data(), unary.data(), g.data(), got.data(), rows, top_k, rank);
+    ASSERT_EQ(got, want) << "trial " << trial;
+    if (trial % 3 == 1) {
+      for (int64_t p = 0; p < rows; ++p) EXPECT_EQ(got[p], cand[p * top_k]) << "a tie goes to the first candidate";
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The drafter forward against a naive host implementation of SPEC 4.2
 
@@ -323,6 +362,13 @@ TEST_P(DrafterForwardTest, MatchesNaiveReference) {
     ASSERT_EQ(p.drafter->context_end(), appended);
     const int32_t anchor = static_cast<int32_t>(seed * 7 % ts.n_vocab);
     const std::vector<int32_t> tokens = p.drafter->draft(anchor);
+    {  // the device-resident block of the same draft: [anchor, tokens...]
+      const int32_t* blk = p.drafter->draft_device(anchor);
+      std::vector<int32_t> block(static_cast<size_t>(c.block_size));
+      p.target->backend().download(block.data(), blk, sizeof(int32_t) * block.size());
+      ASSERT_EQ(block[0], anchor);
+      ASSERT_EQ(std::vector<int32_t>(block.begin() + 1, block.end()), tokens);
+    }
     const auto h = ref.forward(anchor);
     const DraftTrace& tr = p.drafter->last_trace();
     ASSERT_EQ(tr.hidden.size(), h.size());

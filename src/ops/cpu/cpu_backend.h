@@ -59,6 +59,8 @@ class CpuBackend final : public Backend {
                  int64_t n_v_heads) override;
   void gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
                      float* state, float* out, float* snapshots, int64_t M, const GdnShape& shape) override;
+  void gdn_prepare_recurrent(const GdnRawInputs& in, float* state, float* out, const GdnPrepared* prepared,
+                             int64_t M, const GdnShape& shape) override;
   void gdn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
                    float* state, float* out, int64_t M, const GdnShape& shape) override;
 
@@ -68,6 +70,8 @@ class CpuBackend final : public Backend {
   // cpu_dflash.cpp
   void dflash_conv(const float* x, const float* base, const float* d, int64_t d_stride, const float* res, float* y,
                    int64_t M, int64_t C, int64_t K, int64_t group) override;
+  void selector_walk(const float* pred, const float* succ, const int32_t* cand, const float* unary, const float* g,
+                     int32_t* out, int64_t rows, int64_t top_k, int64_t rank) override;
 
   ThreadPool& pool() { return pool_; }
 

@@ -1,9 +1,10 @@
-// CPU backend: the DFlash 2 drafter's grouped dynamic causal conv (SPEC 4.2).
+// CPU backend: the DFlash 2 drafter's grouped dynamic causal conv and the selector walk (SPEC 4.2).
 //
 // The conv mixes each channel with the previous block row through a kernel that is a learned base
 // plus a per-row, per-group dynamic part (projected from the normed input). K = 2 taps in every
 // published drafter; any K works here.
 #include <algorithm>
+#include <vector>
 
 #include "ops/cpu/cpu_backend.h"
 #include "util/error.h"
@@ -35,6 +36,34 @@ void CpuBackend::dflash_conv(const float* x, const float* base, const float* d, 
       }
     }
   });
+}
+
+// One thread: rows * top_k dot products of `rank`, a few microseconds for the 27B drafter. The
+// arithmetic is selector_walk()'s (models/dflash_drafter.h) exactly: pg[r] = pred[r] * g[r], then
+// e += pg[r] * succ[r] from 0.0f in order (this file is built with -ffp-contract=off), S = unary + e.
+void CpuBackend::selector_walk(const float* pred, const float* succ, const int32_t* cand, const float* unary,
+                               const float* g, int32_t* out, int64_t rows, int64_t top_k, int64_t rank) {
+  DFLASH_CHECK(rows >= 1 && top_k >= 1 && rank >= 1, "cpu selector_walk: rows {}, top_k {}, rank {}", rows, top_k,
+               rank);
+  std::vector<float> pg(static_cast<size_t>(rank));
+  const float* prev = pred;  // the anchor's row
+  for (int64_t p = 0; p < rows; ++p) {
+    for (int64_t r = 0; r < rank; ++r) pg[r] = prev[r] * g[p * rank + r];
+    int64_t best = 0;
+    float best_score = 0.0f;
+    for (int64_t k = 0; k < top_k; ++k) {
+      const float* s = succ + (p * top_k + k) * rank;
+      float e = 0.0f;
+      for (int64_t r = 0; r < rank; ++r) e += pg[r] * s[r];
+      const float score = unary[p * top_k + k] + e;
+      if (k == 0 || score > best_score) {
+        best = k;
+        best_score = score;
+      }
+    }
+    out[p] = cand[p * top_k + best];
+    prev = pred + (1 + p * top_k + best) * rank;  // read only while p + 1 < rows
+  }
 }
 
 }  // namespace dflash::cpu

@@ -105,6 +105,39 @@ void CpuBackend::gdn_recurrent(const float* q, const float* k, const float* v, c
   });
 }
 
+// The op sequence itself (l2_norm, l2_norm, gdn_gates, gdn_recurrent), on packed copies of the inputs:
+// into the caller's `prepared` buffers when given, else into scratch. v is copied only when strided.
+void CpuBackend::gdn_prepare_recurrent(const GdnRawInputs& in, float* state, float* out, const GdnPrepared* prepared,
+                                       int64_t M, const GdnShape& shape) {
+  check_shape(shape, "gdn_prepare_recurrent");
+  if (M <= 0) return;
+  const int64_t Hk = shape.n_k_heads, Hv = shape.n_v_heads, dk = shape.head_k, dv = shape.head_v;
+  const int64_t nqk = Hk * dk, nv = Hv * dv;
+  DFLASH_CHECK(in.q_stride >= nqk && in.k_stride >= nqk && in.v_stride >= nv,
+               "cpu gdn_prepare_recurrent: row strides q {} k {} v {} below the row widths {} / {}", in.q_stride,
+               in.k_stride, in.v_stride, nqk, nv);
+  const auto sz = [](int64_t n) { return static_cast<size_t>(n); };
+  std::vector<float> scratch(prepared ? 0 : sz(M * (2 * nqk + 2 * Hv)));
+  float* q = prepared ? prepared->q : scratch.data();
+  float* k = prepared ? prepared->k : q + M * nqk;
+  float* g = prepared ? prepared->g : k + M * nqk;
+  float* beta = prepared ? prepared->beta : g + M * Hv;
+  copy_rows(q, nqk, in.q, in.q_stride, M, nqk);
+  copy_rows(k, nqk, in.k, in.k_stride, M, nqk);
+  l2_norm(q, q, M * Hk, dk, kGdnL2Eps, 1.0f / std::sqrt(static_cast<float>(dk)));
+  l2_norm(k, k, M * Hk, dk, kGdnL2Eps, 1.0f);
+  std::memcpy(g, in.a, sz(M * Hv) * sizeof(float));
+  std::memcpy(beta, in.b, sz(M * Hv) * sizeof(float));
+  gdn_gates(g, beta, in.dt_bias, in.ssm_a, M, Hv);
+  std::vector<float> v_packed(in.v_stride == nv ? 0 : sz(M * nv));
+  const float* v = in.v;
+  if (!v_packed.empty()) {
+    copy_rows(v_packed.data(), nv, in.v, in.v_stride, M, nv);
+    v = v_packed.data();
+  }
+  gdn_recurrent(q, k, v, g, beta, state, out, nullptr, M, shape);
+}
+
 // ---- chunked (WY / UT transform) form -------------------------------------------------------------
 
 // Rows go in chunks of kChunk (the last one may be shorter). Within a chunk of L rows, with S0 the

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -57,6 +58,7 @@ class CudaBackend final : public Backend {
     DFLASH_CUDA_CALL(cudaGetDeviceProperties(&prop, device));
     desc_ = prop.name;
     num_sms_ = prop.multiProcessorCount;
+    smem_optin_ = prop.sharedMemPerBlockOptin;
     debug_ = env_flag("DFLASH_CUDA_DEBUG", false);
     // Graphs replay what was captured, so a fault would name no op: debug mode runs ops directly.
     graphs_ = env_flag("DFLASH_CUDA_GRAPHS", true) && !debug_;
@@ -396,6 +398,23 @@ class CudaBackend final : public Backend {
                                s.head_v, stream_);
     after("gdn_recurrent");
   }
+  void gdn_prepare_recurrent(const GdnRawInputs& in, float* state, float* out, const GdnPrepared* prepared,
+                             int64_t M, const GdnShape& s) override {
+    check_gdn(s, "gdn_prepare_recurrent");
+    const int64_t nqk = s.n_k_heads * s.head_k, nv = s.n_v_heads * s.head_v;
+    DFLASH_CHECK(in.q_stride >= nqk && in.k_stride >= nqk && in.v_stride >= nv,
+                 "cuda gdn_prepare_recurrent: row strides q {} k {} v {} below the row widths {} / {}", in.q_stride,
+                 in.k_stride, in.v_stride, nqk, nv);
+    const GdnPrepared none;
+    const GdnPrepared& p = prepared ? *prepared : none;
+    DFLASH_CHECK(!prepared || (p.q && p.k && p.g && p.beta),
+                 "cuda gdn_prepare_recurrent: prepared needs all four buffers (q, k, g, beta)");
+    cuda::launch_gdn_prepare_recurrent(in.q, in.q_stride, in.k, in.k_stride, in.v, in.v_stride, in.a, in.b, in.dt_bias,
+                                       in.ssm_a, kGdnL2Eps, 1.0f / std::sqrt(static_cast<float>(s.head_k)), state, out,
+                                       p.q, p.k, p.g, p.beta, M, s.n_k_heads, s.n_v_heads, s.head_k, s.head_v,
+                                       stream_);
+    after("gdn_prepare_recurrent");
+  }
   // Prefill: the chunked WY kernels (gdn_chunked.cu) for heads up to 128, else the recurrence (allowed
   // by the contract). Rows go in slices of 512 (a multiple of the 64-row chunk, so slicing does not move
   // a chunk boundary and gives the bits of one call) to bound the scratch: 48 heads x 512 rows = 31 MB.
@@ -452,6 +471,18 @@ class CudaBackend final : public Backend {
     DFLASH_CHECK(M <= 65535, "cuda dflash_conv: {} rows", M);
     cuda::launch_dflash_conv(x, base, d, d_stride, res, y, M, C, K, group, stream_);
     after("dflash_conv");
+  }
+  void selector_walk(const float* pred, const float* succ, const int32_t* cand, const float* unary, const float* g,
+                     int32_t* out, int64_t rows, int64_t top_k, int64_t rank) override {
+    DFLASH_CHECK(rows >= 1 && top_k >= 1 && rank >= 1 && rows <= INT32_MAX && rank <= INT32_MAX,
+                 "cuda selector_walk: rows {}, top_k {}, rank {}", rows, top_k, rank);
+    DFLASH_CHECK(top_k <= cuda::kSelectorMaxTopK, "cuda selector_walk: top_k {} above the supported {}", top_k,
+                 cuda::kSelectorMaxTopK);
+    DFLASH_CHECK(cuda::selector_walk_smem_bytes(top_k, rank) + 64 <= smem_optin_,  // + the kernel's static bytes
+                 "cuda selector_walk: top_k {} x rank {} candidate rows need {} bytes of shared memory (the GPU has {})",
+                 top_k, rank, cuda::selector_walk_smem_bytes(top_k, rank), smem_optin_);
+    cuda::launch_selector_walk(pred, succ, cand, unary, g, out, rows, top_k, rank, stream_);
+    after("selector_walk");
   }
 
   // ---- diagnostics ------------------------------------------------------------------------------
@@ -593,6 +624,7 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   int num_sms_ = 1;
+  size_t smem_optin_ = 48 * 1024;  // shared memory per block with the opt-in attribute
   cudaStream_t stream_ = nullptr;
   std::string desc_;
   bool debug_ = false;

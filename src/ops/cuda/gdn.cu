@@ -7,6 +7,8 @@
 // each sum over i = the group's partial (its rows in increasing order) combined as (g0 + g1) + (g2 + g3).
 // The state stays in registers across the M rows; snapshots (verify's undo) get the state after each row.
 // The rows' q, k, v, decay and beta are staged in shared memory kStageRows rows at a time.
+// gdn_prepare_recurrent runs the same kernel with kPrepare: it l2-norms q / k and computes the gates
+// while staging (one launch instead of l2_norm, l2_norm, gdn_gates, gdn_recurrent and the q/k/v copies).
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
 
@@ -17,13 +19,48 @@ constexpr int kGroups = 4;
 
 constexpr int kStageRows = 8;  // rows whose inputs are staged in shared memory at once (the verify block)
 
-template <int kRPT>  // rows per thread: head_k <= kGroups * kRPT
-__global__ void __launch_bounds__(kGroups * 32)
-gdn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                     const float* __restrict__ g, const float* __restrict__ beta, float* __restrict__ state,
-                     float* __restrict__ out, float* __restrict__ snapshots, int64_t M, int Hk, int Hv, int dk, int dv) {
+// The kernel's arguments (one struct: the prepare path adds ten). q, k, v rows are *_stride floats apart.
+struct RecurrentArgs {
+  const float* q;
+  const float* k;
+  const float* v;
+  int64_t q_stride, k_stride, v_stride;
+  const float* g;     // kPrepare: the raw alpha a [M, Hv]; else the log-decay
+  const float* beta;  // kPrepare: the raw beta logits b [M, Hv]; else beta
+  const float* dt_bias;  // kPrepare only [Hv]
+  const float* ssm_a;    // kPrepare only [Hv]
+  float eps, q_scale;    // kPrepare only: the l2 norms' eps, q's scale
+  float* state;
+  float* out;
+  float* snapshots;
+  float* pq;  // kPrepare: null, or the prepared q, k [M, Hk*dk], g, beta [M, Hv] (packed)
+  float* pk;
+  float* pg;
+  float* pbeta;
+  int64_t M;
+  int Hk, Hv, dk, dv;
+};
+
+// kPrepare: q, k, a, b arrive raw and are prepared while they are staged (gdn_prepare_recurrent):
+// the staged q / k rows are l2-normed in shared memory (one warp per vector: lane l sums the squares
+// of elements l, l + 32, ... in order, then warp_sum's butterfly; the same order whatever M is), and
+// the decay and beta come from a, b, dt_bias, ssm_a as in gdn_gates. The recurrence below then reads
+// exactly the values written to pq / pk / pg / pbeta, so gdn_recurrent over those (the same code with
+// kPrepare false) reproduces the state and output bit for bit. Every CTA of a V head recomputes its K
+// head's norms; only the CTA with blockIdx.y == 0 and p < Hk (p is then its own K head) writes the
+// prepared q / k, and only blockIdx.y == 0 writes g / beta, so each value has one writer.
+template <int kRPT, bool kPrepare>  // rows per thread: head_k <= kGroups * kRPT
+__global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const RecurrentArgs args) {
   pdl_wait();
   constexpr int D = kGroups * kRPT;
+  const float* __restrict__ q = args.q;
+  const float* __restrict__ k = args.k;
+  const float* __restrict__ v = args.v;
+  const float* __restrict__ g = args.g;
+  const float* __restrict__ beta = args.beta;
+  float* __restrict__ snapshots = args.snapshots;
+  const int64_t M = args.M;
+  const int Hk = args.Hk, Hv = args.Hv, dk = args.dk, dv = args.dv;
   // Inputs of up to kStageRows rows at a time: their loads are all in flight together, instead of one
   // global round trip per row (verify's 8 rows).
   __shared__ float ks[kStageRows][D], qs[kStageRows][D], vs[kStageRows][32], decays[kStageRows], betas[kStageRows];
@@ -34,7 +71,7 @@ gdn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, c
   const int j = blockIdx.y * 32 + jl;
   const bool col_ok = j < dv;
   const int64_t head_state = static_cast<int64_t>(dk) * dv;
-  float* S0 = state + p * head_state;
+  float* S0 = args.state + p * head_state;
 
   float S[kRPT];
 #pragma unroll
@@ -48,19 +85,54 @@ gdn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, c
     __syncthreads();  // the previous stage's rows are done with ks / qs / vs
     for (int t = threadIdx.x; t < rows * dk; t += blockDim.x) {
       const int mm = t / dk, i = t % dk;
-      ks[mm][i] = k[((m0 + mm) * Hk + kh) * dk + i];
-      qs[mm][i] = q[((m0 + mm) * Hk + kh) * dk + i];
+      ks[mm][i] = k[(m0 + mm) * args.k_stride + kh * dk + i];
+      qs[mm][i] = q[(m0 + mm) * args.q_stride + kh * dk + i];
     }
     for (int t = threadIdx.x; t < rows * 32; t += blockDim.x) {
       const int mm = t / 32, jj = t % 32;
       const int jc = blockIdx.y * 32 + jj;
-      vs[mm][jj] = jc < dv ? v[((m0 + mm) * Hv + p) * dv + jc] : 0.0f;
+      vs[mm][jj] = jc < dv ? v[(m0 + mm) * args.v_stride + static_cast<int64_t>(p) * dv + jc] : 0.0f;
     }
     if (threadIdx.x < rows) {
-      decays[threadIdx.x] = expf(g[(m0 + threadIdx.x) * Hv + p]);
-      betas[threadIdx.x] = beta[(m0 + threadIdx.x) * Hv + p];
+      const int64_t gi = (m0 + threadIdx.x) * Hv + p;
+      if constexpr (kPrepare) {
+        const float bt = sigmoid_f(beta[gi]);
+        const float lg = args.ssm_a[p] * softplus_f(g[gi] + args.dt_bias[p]);
+        decays[threadIdx.x] = expf(lg);
+        betas[threadIdx.x] = bt;
+        if (args.pg && blockIdx.y == 0) {
+          args.pg[gi] = lg;
+          args.pbeta[gi] = bt;
+        }
+      } else {
+        decays[threadIdx.x] = expf(g[gi]);
+        betas[threadIdx.x] = beta[gi];
+      }
+    }
+    if constexpr (kPrepare) {
+      __syncthreads();  // the raw rows are staged
+      // vector u: row u / 2, k (even u) or q (odd u); a lane rewrites only the elements it summed
+      for (int u = grp; u < 2 * rows; u += kGroups) {
+        float* x = (u & 1) ? qs[u >> 1] : ks[u >> 1];
+        const float scale = (u & 1) ? args.q_scale : 1.0f;
+        float ss = 0.0f;
+        for (int i = jl; i < dk; i += 32) ss = fmaf(x[i], x[i], ss);
+        ss = warp_sum(ss);
+        const float inv = 1.0f / sqrtf(ss + args.eps);
+        for (int i = jl; i < dk; i += 32) x[i] = x[i] * inv * scale;
+      }
     }
     __syncthreads();
+    if constexpr (kPrepare) {
+      if (args.pq && blockIdx.y == 0 && p < Hk) {
+        for (int t = threadIdx.x; t < rows * dk; t += blockDim.x) {
+          const int mm = t / dk, i = t % dk;
+          const int64_t o = ((m0 + mm) * Hk + kh) * dk + i;
+          args.pk[o] = ks[mm][i];
+          args.pq[o] = qs[mm][i];
+        }
+      }
+    }
     for (int mm = 0; mm < rows; ++mm) {
       const int64_t m = m0 + mm;
       const float decay = decays[mm];
@@ -99,7 +171,7 @@ gdn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, c
       }
       __syncthreads();
       if (grp == 0 && col_ok)
-        out[(m * Hv + p) * dv + j] = (red[1][0][jl] + red[1][1][jl]) + (red[1][2][jl] + red[1][3][jl]);
+        args.out[(m * Hv + p) * dv + j] = (red[1][0][jl] + red[1][1][jl]) + (red[1][2][jl] + red[1][3][jl]);
       // the next row overwrites red[0]; red[1] is read above before the next row's second barrier
       __syncthreads();
     }
@@ -113,25 +185,57 @@ gdn_recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k, c
   }
 }
 
+// One V head per blockIdx.x, 32 value columns per blockIdx.y; kRPT from head_k (<= kGdnMaxHeadK).
+template <bool kPrepare>
+void launch_recurrent(const RecurrentArgs& a, cudaStream_t s) {
+  if (a.M <= 0) return;
+  const dim3 grid(static_cast<unsigned>(a.Hv), ceil_div_u(a.dv, 32));
+  if (a.dk <= 4 * 4)
+    launch_pdl(gdn_recurrent_kernel<4, kPrepare>, grid, 128, 0, s, a);
+  else if (a.dk <= 4 * 8)
+    launch_pdl(gdn_recurrent_kernel<8, kPrepare>, grid, 128, 0, s, a);
+  else if (a.dk <= 4 * 16)
+    launch_pdl(gdn_recurrent_kernel<16, kPrepare>, grid, 128, 0, s, a);
+  else if (a.dk <= 4 * 32)
+    launch_pdl(gdn_recurrent_kernel<32, kPrepare>, grid, 128, 0, s, a);
+  else
+    launch_pdl(gdn_recurrent_kernel<64, kPrepare>, grid, 128, 0, s, a);
+}
+
 }  // namespace
 
 void launch_gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
                           float* state, float* out, float* snapshots, int64_t M, int64_t n_k_heads, int64_t n_v_heads,
                           int64_t head_k, int64_t head_v, cudaStream_t s) {
-  if (M <= 0) return;
-  const dim3 grid(static_cast<unsigned>(n_v_heads), ceil_div_u(head_v, 32));
-  const int Hk = static_cast<int>(n_k_heads), Hv = static_cast<int>(n_v_heads);
-  const int dk = static_cast<int>(head_k), dv = static_cast<int>(head_v);
-  if (head_k <= 4 * 4)
-    launch_pdl(gdn_recurrent_kernel<4>, grid, 128, 0, s, q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
-  else if (head_k <= 4 * 8)
-    launch_pdl(gdn_recurrent_kernel<8>, grid, 128, 0, s, q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
-  else if (head_k <= 4 * 16)
-    launch_pdl(gdn_recurrent_kernel<16>, grid, 128, 0, s, q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
-  else if (head_k <= 4 * 32)
-    launch_pdl(gdn_recurrent_kernel<32>, grid, 128, 0, s, q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
-  else
-    launch_pdl(gdn_recurrent_kernel<64>, grid, 128, 0, s, q, k, v, g, beta, state, out, snapshots, M, Hk, Hv, dk, dv);
+  RecurrentArgs a{};
+  a.q = q, a.k = k, a.v = v;
+  a.q_stride = a.k_stride = n_k_heads * head_k;
+  a.v_stride = n_v_heads * head_v;
+  a.g = g, a.beta = beta;
+  a.state = state, a.out = out, a.snapshots = snapshots;
+  a.M = M;
+  a.Hk = static_cast<int>(n_k_heads), a.Hv = static_cast<int>(n_v_heads);
+  a.dk = static_cast<int>(head_k), a.dv = static_cast<int>(head_v);
+  launch_recurrent<false>(a, s);
+}
+
+void launch_gdn_prepare_recurrent(const float* q, int64_t q_stride, const float* k, int64_t k_stride, const float* v,
+                                  int64_t v_stride, const float* a, const float* b, const float* dt_bias,
+                                  const float* ssm_a, float eps, float q_scale, float* state, float* out,
+                                  float* prep_q, float* prep_k, float* prep_g, float* prep_beta, int64_t M,
+                                  int64_t n_k_heads, int64_t n_v_heads, int64_t head_k, int64_t head_v,
+                                  cudaStream_t s) {
+  RecurrentArgs r{};
+  r.q = q, r.k = k, r.v = v;
+  r.q_stride = q_stride, r.k_stride = k_stride, r.v_stride = v_stride;
+  r.g = a, r.beta = b, r.dt_bias = dt_bias, r.ssm_a = ssm_a;
+  r.eps = eps, r.q_scale = q_scale;
+  r.state = state, r.out = out, r.snapshots = nullptr;
+  r.pq = prep_q, r.pk = prep_k, r.pg = prep_g, r.pbeta = prep_beta;
+  r.M = M;
+  r.Hk = static_cast<int>(n_k_heads), r.Hv = static_cast<int>(n_v_heads);
+  r.dk = static_cast<int>(head_k), r.dv = static_cast<int>(head_v);
+  launch_recurrent<true>(r, s);
 }
 
 }  // namespace dflash::cuda

@@ -125,6 +125,14 @@ constexpr int64_t kAttentionMaxHeadDim = 512;
 void launch_gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
                           float* state, float* out, float* snapshots, int64_t M, int64_t n_k_heads, int64_t n_v_heads,
                           int64_t head_k, int64_t head_v, cudaStream_t s);
+// Backend::gdn_prepare_recurrent: the same kernel, preparing q, k (l2 norm, q * q_scale) and the gates
+// from a, b while staging; prep_*: all null, or the packed prepared q, k, g, beta.
+void launch_gdn_prepare_recurrent(const float* q, int64_t q_stride, const float* k, int64_t k_stride, const float* v,
+                                  int64_t v_stride, const float* a, const float* b, const float* dt_bias,
+                                  const float* ssm_a, float eps, float q_scale, float* state, float* out,
+                                  float* prep_q, float* prep_k, float* prep_g, float* prep_beta, int64_t M,
+                                  int64_t n_k_heads, int64_t n_v_heads, int64_t head_k, int64_t head_v,
+                                  cudaStream_t s);
 constexpr int64_t kGdnMaxHeadK = 256;
 // Chunked (WY) form for prefill (gdn_chunked.cu), heads up to kGdnChunkedMaxHead: scratch is
 // gdn_chunked_scratch_floats(...) floats of device memory (W, U~, QK of every chunk and head).
@@ -142,6 +150,12 @@ size_t topk_scratch_bytes(int64_t M, int64_t n, int64_t k);
 void launch_top_k(const float* x, int32_t* ids, float* vals, int64_t M, int64_t n, int64_t k, void* scratch,
                   cudaStream_t s);
 constexpr int64_t kTopKMax = 64;
+
+// ---- DFlash 2 selector walk (selector.cu): Backend::selector_walk, one CTA -----------------------------
+size_t selector_walk_smem_bytes(int64_t top_k, int64_t rank);
+constexpr int64_t kSelectorMaxTopK = 256;  // one thread per candidate
+void launch_selector_walk(const float* pred, const float* succ, const int32_t* cand, const float* unary, const float* g,
+                          int32_t* out, int64_t rows, int64_t top_k, int64_t rank, cudaStream_t s);
 
 // ---- diagnostics (bench.cu) -----------------------------------------------------------------------------
 // Reads n16 16-byte words of src, writes one checksum word per block into sink (grid-stride).
