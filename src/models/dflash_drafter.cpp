@@ -23,6 +23,10 @@
 
 namespace dflash {
 
+namespace {
+constexpr uint64_t kAppendGraphKey = 1ull << 32;  // graph keys of context appends (the draft is key 0)
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // Hyper-parameters
 
@@ -254,8 +258,9 @@ void DFlashDrafter::allocate() {
   d_pos_ = static_cast<int32_t*>(alloc(sizeof(int32_t) * std::max(B, chunk)));
   d_range_ = static_cast<int32_t*>(alloc(sizeof(int32_t) * 2 * B));
   d_slot_ = static_cast<int32_t*>(alloc(sizeof(int32_t) * B));
-  kb_ = static_cast<float*>(alloc(sizeof(float) * B * kvw));
-  vb_ = static_cast<float*>(alloc(sizeof(float) * B * kvw));
+  kb_ = static_cast<float*>(alloc(sizeof(float) * std::max(B, chunk) * kvw));  // block or appended rows
+  vb_ = static_cast<float*>(alloc(sizeof(float) * std::max(B, chunk) * kvw));
+  d_ctx_slot_ = static_cast<int32_t*>(alloc(sizeof(int32_t) * chunk));
   d_topk_ids_ = static_cast<int32_t*>(alloc(sizeof(int32_t) * rows * topk));
   d_topk_vals_ = static_cast<float*>(alloc(sizeof(float) * rows * topk));
   taps_ = static_cast<float*>(alloc(sizeof(float) * chunk * cfg_.n_taps() * E));
@@ -327,22 +332,39 @@ void DFlashDrafter::evict(int64_t incoming) {
 
 void DFlashDrafter::append_chunk(const float* taps, bool on_device, int64_t rows) {
   const int64_t E = cfg_.n_embd, hd = cfg_.head_dim;
-  const int64_t kvw = cfg_.n_head_kv * hd;
+  const int64_t kvw = cfg_.n_head_kv * hd, B = cfg_.block_size;
   evict(rows);
   const int64_t C = context_rows();
-  std::vector<int32_t> pos(rows);
-  for (int64_t r = 0; r < rows; ++r) pos[r] = static_cast<int32_t>(ctx_end_ + r);
-  if (!on_device) be_.upload(taps_, taps, sizeof(float) * rows * cfg_.n_taps() * E);
-  be_.upload(d_pos_, pos.data(), sizeof(int32_t) * rows);
-  be_.matmul(fc_, on_device ? taps : taps_, c_, rows);     // [rows, E]
-  be_.rms_norm(c_, enc_norm_, c_, rows, E, cfg_.rms_eps);
-  for (Layer& w : layers_) {
-    float* k = w.k + C * kvw;
-    be_.matmul(w.wk, c_, k, rows);
-    be_.rms_norm(k, w.k_norm, k, rows * cfg_.n_head_kv, hd, cfg_.rms_eps);
-    be_.rope_neox(k, d_pos_, rows, cfg_.n_head_kv, hd, cfg_.n_rot, cfg_.rope_theta);
-    be_.matmul(w.wv, c_, w.v + C * kvw, rows);
+  std::vector<int32_t> pos(rows), slot(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    pos[r] = static_cast<int32_t>(ctx_end_ + r);
+    slot[r] = static_cast<int32_t>(C + r);  // K/V store rows: the stored context grows by `rows`
   }
+  const size_t tap_bytes = sizeof(float) * rows * cfg_.n_taps() * E;
+  if (on_device)
+    be_.copy(taps_, taps, tap_bytes);  // ~1 us: the ops below then read one fixed buffer
+  else
+    be_.upload(taps_, taps, tap_bytes);
+  be_.upload(d_pos_, pos.data(), sizeof(int32_t) * rows);
+  be_.upload(d_ctx_slot_, slot.data(), sizeof(int32_t) * rows);
+  auto ops = [&] {
+    be_.matmul(fc_, taps_, c_, rows);  // [rows, E]
+    be_.rms_norm(c_, enc_norm_, c_, rows, E, cfg_.rms_eps);
+    for (Layer& w : layers_) {
+      be_.matmul(w.wk, c_, kb_, rows);
+      be_.rms_norm(kb_, w.k_norm, kb_, rows * cfg_.n_head_kv, hd, cfg_.rms_eps);
+      be_.rope_neox(kb_, d_pos_, rows, cfg_.n_head_kv, hd, cfg_.n_rot, cfg_.rope_theta);
+      be_.matmul(w.wv, c_, vb_, rows);
+      be_.scatter_rows(w.k, kvw, cap_ + B, d_ctx_slot_, kb_, kvw, rows, kvw);
+      be_.scatter_rows(w.v, kvw, cap_ + B, d_ctx_slot_, vb_, kvw, rows, kvw);
+    }
+  };
+  // A speculative cycle appends 1..B rows: every pointer is fixed (positions and store rows are in
+  // backend memory), so these replay as graphs, one per row count; longer (prompt) chunks run directly.
+  if (rows <= B)
+    graphs_.run(kAppendGraphKey | static_cast<uint64_t>(rows), ops);
+  else
+    ops();
   for (int64_t r = 0; r < rows; ++r) ctx_pos_.push_back(ctx_end_ + r);
   ctx_end_ += rows;
   if (opts_.context == DrafterContextMode::kSinkWindow && context_rows() > keep_)

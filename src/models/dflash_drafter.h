@@ -190,7 +190,8 @@ class DFlashDrafter final : public Drafter {
   int32_t* d_pos_ = nullptr;      // [max(B, chunk)]
   int32_t* d_range_ = nullptr;    // [B, 2]
   int32_t* d_slot_ = nullptr;     // [B] K/V store rows of the block's keys (context rows .. + B - 1)
-  float *kb_ = nullptr, *vb_ = nullptr;  // [B, n_head_kv*hd] the block's new keys / values
+  int32_t* d_ctx_slot_ = nullptr; // [chunk] K/V store rows of appended context rows
+  float *kb_ = nullptr, *vb_ = nullptr;  // [max(B, chunk), n_head_kv*hd] new keys / values (block or append)
   int32_t* d_topk_ids_ = nullptr; // [B-1, top_k]
   float *d_topk_vals_ = nullptr;  // [B-1, top_k]
   float *taps_ = nullptr, *c_ = nullptr;  // [chunk, n_taps*n_embd], [chunk, n_embd]

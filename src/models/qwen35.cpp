@@ -118,6 +118,7 @@ struct LayerState {
 };
 
 constexpr int64_t kChunkedThreshold = 32;  // prefill chunks at least this long use the chunked GDN form
+constexpr uint64_t kRollbackKey = 1ull << 50;  // graph keys of rollback(n_keep) (forward keys stay below 2^42)
 
 class Qwen35Model final : public TargetModel {
  public:
@@ -645,21 +646,26 @@ void Qwen35Model::rollback(int64_t n_keep) {
   // KV rows past the kept ones are simply overwritten later (attention never reads beyond n_past).
   n_past_ = last_start_ + n_keep;
   const int64_t C = conv_dim(), km1 = cfg_.ssm_conv_kernel - 1;
-  for (int64_t il = 0; il < cfg_.n_layer; ++il) {
-    if (layers_[il].attention) continue;
-    LayerState& s = state_[il];
-    // the recurrence again over the kept rows, from the state before the forward (attn_: scratch out)
-    be_.copy(s.ssm_state, s.ssm_state_before, ssm_state_bytes());
-    const GdnShape shape{cfg_.ssm_k_heads, cfg_.ssm_v_heads, cfg_.ssm_head_k, cfg_.ssm_head_v()};
-    be_.gdn_recurrent(s.undo_q, s.undo_k, s.undo_v, s.undo_g, s.undo_beta, s.ssm_state, attn_, nullptr, n_keep,
-                      shape);
-    // conv state = the last K-1 rows of [state_before ; inputs[0..n_keep)]
-    for (int64_t r = 0; r < km1; ++r) {
-      const int64_t src = n_keep + r;  // index into the concatenation (length km1 + n_keep) of the row
-      const float* from = src < km1 ? s.conv_state_before + src * C : s.conv_inputs + (src - km1) * C;
-      be_.copy(s.conv_state + r * C, from, C * sizeof(float));
+  auto ops = [&] {
+    for (int64_t il = 0; il < cfg_.n_layer; ++il) {
+      if (layers_[il].attention) continue;
+      LayerState& s = state_[il];
+      // the recurrence again over the kept rows, from the state before the forward (attn_: scratch out)
+      be_.copy(s.ssm_state, s.ssm_state_before, ssm_state_bytes());
+      const GdnShape shape{cfg_.ssm_k_heads, cfg_.ssm_v_heads, cfg_.ssm_head_k, cfg_.ssm_head_v()};
+      be_.gdn_recurrent(s.undo_q, s.undo_k, s.undo_v, s.undo_g, s.undo_beta, s.ssm_state, attn_, nullptr, n_keep,
+                        shape);
+      // conv state = the last K-1 rows of [state_before ; inputs[0..n_keep)]
+      for (int64_t r = 0; r < km1; ++r) {
+        const int64_t src = n_keep + r;  // index into the concatenation (length km1 + n_keep) of the row
+        const float* from = src < km1 ? s.conv_state_before + src * C : s.conv_inputs + (src - km1) * C;
+        be_.copy(s.conv_state + r * C, from, C * sizeof(float));
+      }
     }
-  }
+  };
+  // Every pointer and size above depends only on n_keep: one graph per kept-row count (27B: ~240
+  // copies and replays per cycle, launched one by one they cost more than their work).
+  graphs_.run(kRollbackKey | static_cast<uint64_t>(n_keep), ops);
   last_rows_ = n_keep;
   last_undoable_ = false;  // a second rollback would need the states before this one
 }
