@@ -461,7 +461,9 @@ int main(int argc, char** argv) {
       out.line(fmt::format("decode (1 row/step, step graph replayed, argmax downloaded each step): {:.2f} ms/token = "
                            "{:.1f} tok/s; floor {:.2f} ms ({:.2f} GB read / {:.0f} GB/s) -> {:.0f}% of floor",
                            ms_tok, 1e3 / ms_tok, floor_ms, step_bytes / 1e9, floor_gbps, 100.0 * floor_ms / ms_tok));
-      if (std::getenv("DFLASH_PROFILE_STEP") != nullptr) {  // one decode step for ncu --profile-from-start off
+      const char* profile_step = std::getenv("DFLASH_PROFILE_STEP");  // "verify": the 8-row step instead
+      const bool profile_verify = profile_step != nullptr && std::string(profile_step) == "verify";
+      if (profile_step != nullptr && !profile_verify) {  // one decode step for ncu --profile-from-start off
         be->synchronize();
         cuda::profiler_range(true);
         tok = model->forward(std::span(&tok, 1), last).argmax[0];
@@ -484,6 +486,12 @@ int main(int argc, char** argv) {
       }
       be->synchronize();
       const double ver_ms = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - v0).count() / n_ver;
+      if (profile_verify) {  // one verify step (8 rows, undoable) for ncu --profile-from-start off
+        cuda::profiler_range(true);
+        model->forward(block, ver);
+        cuda::profiler_range(false);
+        model->rollback(4);
+      }
       out.line(fmt::format("verify (8 rows, undoable, + rollback): {:.2f} ms/step = {:.2f}x a decode step", ver_ms,
                            ver_ms / ms_tok));
     }

@@ -20,7 +20,8 @@
 #       --sass NAME writes the opcode histogram of the kernels whose name contains NAME
 #       (tools/sass_opcodes.py; e.g. --sass mm_ternary_kernel).
 #       --profile-step TYPE profiles one decode step of that 27B target with ncu and writes the
-#       per-kernel breakdown (tools/ncu_step_breakdown.py) to $OUT/step_breakdown_TYPE.md.
+#       per-kernel breakdown (tools/ncu_step_breakdown.py) to $OUT/step_breakdown_TYPE.md;
+#       --profile-verify TYPE does the same for one 8-row verify step.
 #
 # Through the device tool:  run(command="bash scripts/gpu_test.sh", carry=["build-cuda/gpu.tgz"])
 set -uo pipefail
@@ -49,7 +50,7 @@ if [ "${1:-}" = "--stage" ]; then
   exit 0
 fi
 
-RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64 DBENCH="" PROFILE="" SASS=""
+RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64 DBENCH="" PROFILE="" PROFILE_KIND=decode SASS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-test) RUN_TEST=0 ;;
@@ -58,6 +59,7 @@ while [ $# -gt 0 ]; do
     --tokens) TOKENS="$2"; shift ;;
     --dflash-bench) DBENCH="$2"; shift ;;
     --profile-step) PROFILE="$2"; shift ;;
+    --profile-verify) PROFILE="$2"; PROFILE_KIND=verify; shift ;;
     --sass) SASS="$2"; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -128,7 +130,7 @@ if [ -n "$PROFILE" ]; then
   F=/tmp/bonsai27-$PROFILE.gguf
   [ -f "$F" ] || timeout 200 "$G/dflash" synth "$F" --preset bonsai-27b --type "$PROFILE" >/dev/null 2>&1
   t0=$(date +%s)
-  DFLASH_PROFILE_STEP=1 timeout 300 ncu --profile-from-start off --metrics gpu__time_duration.sum,dram__bytes.sum \
+  DFLASH_PROFILE_STEP=$PROFILE_KIND timeout 300 ncu --profile-from-start off --metrics gpu__time_duration.sum,dram__bytes.sum \
     --print-units base --csv --log-file "$OUT/step_$PROFILE.csv" "$G/bench_cuda_ops" --model "$F" --model-only --tokens 4 \
     >"$OUT/step_app_$PROFILE.log" 2>&1
   echo "ncu step $PROFILE: exit $? in $(( $(date +%s) - t0 )) s"
