@@ -310,6 +310,45 @@ TEST(CudaOps, MatmulInputChains) {
   }
 }
 
+// The fused chains (chain.cu: norm or SwiGLU, rotation of 1024-blocks, and the ternary matmul's
+// activation quantization in one kernel) leave y's quantization for the next ternary matmul: its
+// result must equal, bit for bit, the matmul of a fresh copy of y (which quantizes y itself).
+TEST(CudaOps, ChainQuantizationFeedsTheTernaryMatmul) {
+  REQUIRE_GPU();
+  const ChainCase cases[] = {{0, 5120, 1024, 0, true, false},
+                             {0, 5120, 1024, 0, false, false},
+                             {0, 8192, 1024, 0, true, false},
+                             {1, 17408, 1024, 0, false, false},
+                             {1, 1024, 1024, 0, false, false}};
+  uint32_t seed = 1500;
+  for (const ChainCase& c : cases) {
+    std::mt19937 rng(seed++);
+    const HostWeight hw = make_weight(GgmlType::PTQ1_0, c.dim, 320, seed++);
+    const WeightRef wg = gpu().upload_weight(hw.bytes.data(), hw.type, c.dim, 320);
+    std::vector<float> w = randn_vec(rng, c.dim), signs(c.dim);
+    for (auto& v : signs) v = (rng() & 1) ? 1.0f : -1.0f;
+    for (int64_t M : {1, 3, 8}) {
+      const auto a = randn_vec(rng, M * c.dim), b = randn_vec(rng, M * c.dim);
+      Buf<float> x(gpu(), a), r(gpu(), b), wb(gpu(), w), sg(gpu(), signs), n(gpu(), M * c.dim), y(gpu(), M * c.dim);
+      Buf<float> out_chain(gpu(), M * 320), out_fresh(gpu(), M * 320);  // before the chain: uploads drop the cache
+      const Backend::Rotation rot{sg, nullptr, c.block};
+      if (c.mode == 0)
+        gpu().residual_norm_rotate(x, c.res ? r.get_ptr() : nullptr, wb, n, y, rot, M, c.dim, 1e-6f);
+      else
+        gpu().swiglu_rotate(x, r, y, rot, M, c.dim);
+      const int64_t reused0 = cuda::quantizations_reused(gpu());
+      gpu().matmul(wg, y, out_chain, M);  // reads the chain's quantization of y
+      const bool used_chain = cuda::quantizations_reused(gpu()) == reused0 + 1;
+      Buf<float> y2(gpu(), y.get());
+      gpu().matmul(wg, y2, out_fresh, M);  // quantizes y2 itself
+      const std::string shp = fmt::format("{} M={}", chain_name(c), M);
+      check("chain -> ternary matmul == fresh matmul", shp, out_chain.get(), out_fresh.get(), 0, out_chain.guard_ok());
+      record({"chain quantization reused by the matmul", shp, 0, 0, 0, used_chain, used_chain ? "yes" : "NO"});
+      EXPECT_TRUE(used_chain) << shp << ": the matmul quantized y again (the chain's records were not used)";
+    }
+  }
+}
+
 // ---- Hadamard -------------------------------------------------------------------------------------
 
 TEST(CudaOps, Hadamard) {

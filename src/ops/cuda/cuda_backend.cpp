@@ -65,6 +65,9 @@ class CudaBackend final : public Backend {
     // PQ2_0 / PTQ1_0 layout: integer tensor cores (default), or DFLASH_CUDA_TERNARY_MMA=0 for the
     // planar CUDA-core layout of round 1 (kept for comparison).
     ternary_mma_ = env_flag("DFLASH_CUDA_TERNARY_MMA", true);
+    // Matmul-input chains (norm or SwiGLU, rotation, quantization) as one kernel (chain.cu);
+    // DFLASH_CUDA_CHAIN=0 runs the separate kernels (for comparison).
+    chain_ = env_flag("DFLASH_CUDA_CHAIN", true);
   }
 
   ~CudaBackend() override {
@@ -235,6 +238,14 @@ class CudaBackend final : public Backend {
   // few warps with long serial chains.
   void residual_norm_rotate(float* x, const float* res, const float* w, float* n, float* y, const Rotation& rot,
                             int64_t rows, int64_t dim, float eps) override {
+    if (chain_ && rot.block > 0 && !rot.perm && rows <= 65535 && cuda::chain_supported(dim, rot.block, true)) {
+      // one kernel: (residual +) norm, rotation, and the next ternary matmul's quantization of y
+      void* xq = scratch(kScratchMatmulXq, cuda::ternary_scratch(dim, rows).xq_bytes);
+      cuda::launch_norm_rotate_quantize(x, res, w, n, rot.signs, y, xq, rows, dim, eps, stream_);
+      after("residual_norm_rotate");
+      xq_ = XqKey{y, rows, dim, xq, true};
+      return;
+    }
     if (!res) {
       Backend::residual_norm_rotate(x, res, w, n, y, rot, rows, dim, eps);
       return;
@@ -244,6 +255,17 @@ class CudaBackend final : public Backend {
     });
     after("residual_norm_rotate");
     if (rot.block > 0) hadamard(n, rot.signs, rot.perm, y, rows, dim, rot.block, /*inverse=*/false);
+  }
+  void swiglu_rotate(const float* gate, const float* up, float* y, const Rotation& rot, int64_t rows,
+                     int64_t dim) override {
+    if (chain_ && rot.block > 0 && !rot.perm && rows <= 65535 && cuda::chain_supported(dim, rot.block, false)) {
+      void* xq = scratch(kScratchMatmulXq, cuda::ternary_scratch(dim, rows).xq_bytes);
+      cuda::launch_swiglu_rotate_quantize(gate, up, rot.signs, y, xq, rows, dim, stream_);
+      after("swiglu_rotate");
+      xq_ = XqKey{y, rows, dim, xq, true};
+      return;
+    }
+    Backend::swiglu_rotate(gate, up, y, rot, rows, dim);
   }
   void matmul_prefill(const WeightRef& w, const float* x, float* y, int64_t M) override {
     const cuda::DevWeight dw = dev_weight(w, "matmul_prefill");
@@ -501,6 +523,7 @@ class CudaBackend final : public Backend {
     }
   }
   void* bench_scratch(size_t bytes) { return scratch(kScratchBench, bytes); }
+  int64_t xq_reused() const { return xq_reused_; }
 
  private:
   enum ScratchSlot {
@@ -563,6 +586,7 @@ class CudaBackend final : public Backend {
     if (need.xq_bytes) {
       buf.xq = scratch(kScratchMatmulXq, need.xq_bytes);
       buf.xq_ready = xq_.valid && xq_.x == x && xq_.M == M && xq_.K == K && xq_.buf == buf.xq && M <= 65535;
+      xq_reused_ += buf.xq_ready;
     }
     return buf;
   }
@@ -634,8 +658,10 @@ class CudaBackend final : public Backend {
   ScratchBuf scratch_[kNumScratch];
   std::vector<void*> retired_;  // outgrown scratch buffers (graphs may still read them)
   XqKey xq_;
+  int64_t xq_reused_ = 0;  // ternary matmuls that found their input quantized already (diagnostics)
   bool graphs_ = true;
   bool ternary_mma_ = true;
+  bool chain_ = true;
   bool capturing_ = false;
 };
 
@@ -679,6 +705,7 @@ bool pdl_enabled() {
 
 size_t weight_device_bytes(Backend& be, const WeightRef& w) { return as_cuda(be).weight_bytes(w); }
 std::string weight_layout(Backend& be, const WeightRef& w) { return as_cuda(be).layout_name(w); }
+int64_t quantizations_reused(Backend& be) { return as_cuda(be).xq_reused(); }
 
 
 double time_ms(Backend& be, int warmup, int iters, const std::function<void()>& fn) {

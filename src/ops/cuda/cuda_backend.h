@@ -43,6 +43,10 @@ size_t weight_device_bytes(Backend& be, const WeightRef& w);
 // A description of the device layout used for a weight ("planar-2bit", "blocks", ...).
 std::string weight_layout(Backend& be, const WeightRef& w);
 
+// Ternary matmuls so far whose input's quantization was already there (a matmul before them with the
+// same input, or a fused matmul-input chain), so they skipped their quantize launch.
+int64_t quantizations_reused(Backend& be);
+
 // Event timing on the backend's stream: returns the median milliseconds of `iters` runs of fn()
 // (after `warmup` runs), each run bracketed by events.
 double time_ms(Backend& be, int warmup, int iters, const std::function<void()>& fn);

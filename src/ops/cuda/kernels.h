@@ -151,6 +151,15 @@ void launch_top_k(const float* x, int32_t* ids, float* vals, int64_t M, int64_t 
                   cudaStream_t s);
 constexpr int64_t kTopKMax = 64;
 
+// ---- matmul-input chains (chain.cu): rotation blocks of 1024, quantized for the ternary matmul --------
+// xq: ternary_scratch(dim, rows).xq_bytes of scratch, written as the ternary matmul's activation records.
+// The norm chain needs dim / 1024 <= 8 (one cluster per row).
+bool chain_supported(int64_t dim, int64_t block, bool norm);
+void launch_norm_rotate_quantize(float* x, const float* res, const float* w, float* n, const float* signs, float* y,
+                                 void* xq, int64_t rows, int64_t dim, float eps, cudaStream_t s);
+void launch_swiglu_rotate_quantize(const float* gate, const float* up, const float* signs, float* y, void* xq,
+                                   int64_t rows, int64_t dim, cudaStream_t s);
+
 // ---- DFlash 2 selector walk (selector.cu): Backend::selector_walk, one CTA -----------------------------
 size_t selector_walk_smem_bytes(int64_t top_k, int64_t rank);
 constexpr int64_t kSelectorMaxTopK = 256;  // one thread per candidate

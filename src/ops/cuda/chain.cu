@@ -1,0 +1,185 @@
+// Matmul-input chains in one kernel: (residual add +) RMS norm, or SwiGLU, then the prism rotation
+// (1024-chunks) and the ternary matmul's 24-bit activation quantization (matmul_ternary.cu's xq
+// records), so the next ternary matmul skips its quantize launch (the backend's xq cache).
+//
+// Why: at decode one row gives the separate kernels (norm, rotation, quantize) a few warps each and
+// three round trips of launch latency per matmul input; an earlier fusion into one CTA per row was
+// slower (one CTA's serial chain). Here one CTA of 256 threads owns one 1024-chunk of one row:
+//   norm mode: the chunks of a row form a thread-block cluster (dim / 1024 <= 8 CTAs); each CTA sums
+//     its chunk's squares (thread t: elements t, t + 256, t + 512, t + 768 by fma in that order, then
+//     the warp butterfly and the 8 warp sums in a fixed tree), the cluster adds the chunk sums in
+//     chunk order through distributed shared memory, and every CTA normalises its own chunk;
+//   swiglu mode: no cluster (elementwise).
+// Then, per chunk, in shared memory: signs, the butterflies of prism::fwht (stage h = 1 .. 512,
+// (a, b) -> (a + b, a - b), lower index first) and the 1/32 scale: the rotation's bits are exactly
+// the hadamard op's. Warp w then quantizes the chunk's 128-block w as quantize_x24_kernel does (the
+// same exponent, rounding and digit split): byte for byte the same records.
+// Nothing depends on the number of rows: a row's bits are the same alone or in a verify block.
+#include <cooperative_groups.h>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/kernels.h"
+
+namespace dflash::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kChunk = 1024;   // rotation block this kernel handles
+constexpr int kThreads = 256;  // 8 warps: one 128-element quantization block each
+constexpr int kPer = kChunk / kThreads;
+constexpr int kXqRecord = 384;  // 3 digit planes of 128 bytes (matmul_ternary.cu)
+
+struct ChainArgs {
+  float* x;            // norm: the residual stream [rows, dim] (x += res when res)
+  const float* res;    // norm: null or the residual [rows, dim]
+  const float* w;      // norm: null or the weight [dim]
+  float* n;            // norm: the normed row [rows, dim] (unrotated; other matmuls read it)
+  const float* gate;   // swiglu: [rows, dim]
+  const float* up;     // swiglu: [rows, dim]
+  const float* signs;  // null or [dim]
+  float* y;            // the rotated row [rows, dim]
+  uint8_t* xq;         // [rows][dim / 128] records of 384 bytes, then meta [rows][dim / 128][4]
+  int32_t* meta;
+  int64_t dim;
+  float eps;
+};
+
+template <bool kNorm>
+__global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
+  pdl_wait();
+  __shared__ __align__(16) float buf[kChunk];
+  __shared__ float wsum[kThreads / 32];
+  __shared__ float chunk_ss;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int chunk = blockIdx.x;
+  const int64_t r = blockIdx.y;
+  const int64_t c0 = static_cast<int64_t>(chunk) * kChunk;
+  const int64_t base = r * a.dim + c0;
+  float v[kPer];
+  if constexpr (kNorm) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = tid + kThreads * j;
+      float xi = a.x[base + i];
+      if (a.res) {
+        xi = xi + a.res[base + i];
+        a.x[base + i] = xi;
+      }
+      v[j] = xi;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) ss = fmaf(v[j], v[j], ss);
+    ss = warp_sum(ss);
+    if (lane == 0) wsum[warp] = ss;
+    __syncthreads();
+    if (tid == 0) chunk_ss = ((wsum[0] + wsum[1]) + (wsum[2] + wsum[3])) + ((wsum[4] + wsum[5]) + (wsum[6] + wsum[7]));
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every chunk's sum is published
+    float tot = 0.0f;
+    for (unsigned s = 0; s < cluster.num_blocks(); ++s) tot += *cluster.map_shared_rank(&chunk_ss, s);
+    cluster.sync();  // no CTA leaves (or reuses chunk_ss) while another still reads it
+    const float inv = 1.0f / sqrtf(tot / static_cast<float>(a.dim) + a.eps);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = tid + kThreads * j;
+      const float q = v[j] * inv;
+      v[j] = a.w ? q * a.w[c0 + i] : q;
+      a.n[base + i] = v[j];
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = tid + kThreads * j;
+      v[j] = silu_f(a.gate[base + i]) * a.up[base + i];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = tid + kThreads * j;
+    buf[i] = a.signs ? __fmul_rn(a.signs[c0 + i], v[j]) : v[j];
+  }
+  __syncthreads();
+  for (int h = 1; h < kChunk; h <<= 1) {
+#pragma unroll
+    for (int k = 0; k < kChunk / 2 / kThreads; ++k) {
+      const int p = tid + kThreads * k;
+      const int i = (p / h) * 2 * h + (p % h);
+      const float u = buf[i], t = buf[i + h];
+      buf[i] = __fadd_rn(u, t);
+      buf[i + h] = __fsub_rn(u, t);
+    }
+    __syncthreads();
+  }
+  // Warp w: quantization block w (elements 128 w .. 128 w + 127 of the chunk), lane L elements 4L .. 4L+3.
+  const float4 q4 = reinterpret_cast<const float4*>(buf + 128 * warp)[lane];
+  constexpr float kScale = 0.03125f;  // 1 / sqrt(1024), exact
+  const float e4[4] = {__fmul_rn(q4.x, kScale), __fmul_rn(q4.y, kScale), __fmul_rn(q4.z, kScale),
+                       __fmul_rn(q4.w, kScale)};
+  reinterpret_cast<float4*>(a.y + base + 128 * warp)[lane] = make_float4(e4[0], e4[1], e4[2], e4[3]);
+  float amax = fmaxf(fmaxf(fabsf(e4[0]), fabsf(e4[1])), fmaxf(fabsf(e4[2]), fabsf(e4[3])));
+  amax = warp_max(amax);
+  int ex = 0;
+  if (amax > 0.0f && isfinite(amax)) frexpf(amax, &ex);  // amax = f 2^ex, f in [0.5, 1)
+  const int E = ex - 6;
+  uint32_t plane[3] = {0, 0, 0};
+  int s[3] = {0, 0, 0};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int u = __float2int_rn(ldexpf(e4[e], 16 - E));  // |u| < 2^22
+    const int d2 = static_cast<int8_t>(u & 0xff);
+    const int u1 = (u - d2) >> 8;
+    const int d1 = static_cast<int8_t>(u1 & 0xff);
+    const int d0 = (u1 - d1) >> 8;
+    plane[0] |= static_cast<uint32_t>(d0 & 0xff) << (8 * e);
+    plane[1] |= static_cast<uint32_t>(d1 & 0xff) << (8 * e);
+    plane[2] |= static_cast<uint32_t>(d2 & 0xff) << (8 * e);
+    s[0] += d0, s[1] += d1, s[2] += d2;
+  }
+  // Element k = 4L + e of the block sits at byte t*32 + (2j + h)*4 + e (k = 32j + 16h + 4t + e).
+  const int64_t blk = r * (a.dim / 128) + c0 / 128 + warp;
+  uint8_t* rec = a.xq + blk * kXqRecord + (lane & 3) * 32 + ((lane >> 3) * 2 + ((lane >> 2) & 1)) * 4;
+#pragma unroll
+  for (int p = 0; p < 3; ++p) *reinterpret_cast<uint32_t*>(rec + 128 * p) = plane[p];
+  const int t0 = __reduce_add_sync(0xffffffffu, s[0]), t1 = __reduce_add_sync(0xffffffffu, s[1]),
+            t2 = __reduce_add_sync(0xffffffffu, s[2]);
+  if (lane == 0) {
+    int32_t* m = a.meta + blk * 4;
+    m[0] = t0;
+    m[1] = t1;
+    m[2] = t2;
+    m[3] = __float_as_int(ldexpf(1.0f, E - 16));
+  }
+}
+
+}  // namespace
+
+bool chain_supported(int64_t dim, int64_t block, bool norm) {
+  return block == kChunk && dim > 0 && dim % kChunk == 0 && (!norm || dim / kChunk <= 8);
+}
+
+void launch_norm_rotate_quantize(float* x, const float* res, const float* w, float* n, const float* signs, float* y,
+                                 void* xq, int64_t rows, int64_t dim, float eps, cudaStream_t s) {
+  if (rows <= 0) return;
+  ChainArgs a{};
+  a.x = x, a.res = res, a.w = w, a.n = n, a.signs = signs, a.y = y, a.dim = dim, a.eps = eps;
+  a.xq = static_cast<uint8_t*>(xq);
+  a.meta = reinterpret_cast<int32_t*>(a.xq + static_cast<size_t>(rows) * (dim / 128) * kXqRecord);
+  const unsigned chunks = static_cast<unsigned>(dim / kChunk);
+  (void)launch_ex(chain_kernel<true>, dim3(chunks, static_cast<unsigned>(rows)), dim3(kThreads), 0, s,
+                  dim3(chunks, 1, 1), pdl_enabled(), a);
+}
+
+void launch_swiglu_rotate_quantize(const float* gate, const float* up, const float* signs, float* y, void* xq,
+                                   int64_t rows, int64_t dim, cudaStream_t s) {
+  if (rows <= 0) return;
+  ChainArgs a{};
+  a.gate = gate, a.up = up, a.signs = signs, a.y = y, a.dim = dim;
+  a.xq = static_cast<uint8_t*>(xq);
+  a.meta = reinterpret_cast<int32_t*>(a.xq + static_cast<size_t>(rows) * (dim / 128) * kXqRecord);
+  launch_pdl(chain_kernel<false>, dim3(static_cast<unsigned>(dim / kChunk), static_cast<unsigned>(rows)),
+             dim3(kThreads), 0, s, a);
+}
+
+}  // namespace dflash::cuda
