@@ -430,7 +430,9 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       TargetOptions topts;
       topts.n_ctx = 4096;
-      topts.max_rows = 8;
+      // 8 rows (decode / verify), or the backend's prefill chunk when a prefill chunk is profiled
+      const char* pstep = std::getenv("DFLASH_PROFILE_STEP");
+      topts.max_rows = pstep != nullptr && std::string(pstep) == "prefill" ? 0 : 8;
       auto model = TargetModel::load(file, *be, topts);
       be->synchronize();
       const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -461,9 +463,27 @@ int main(int argc, char** argv) {
       out.line(fmt::format("decode (1 row/step, step graph replayed, argmax downloaded each step): {:.2f} ms/token = "
                            "{:.1f} tok/s; floor {:.2f} ms ({:.2f} GB read / {:.0f} GB/s) -> {:.0f}% of floor",
                            ms_tok, 1e3 / ms_tok, floor_ms, step_bytes / 1e9, floor_gbps, 100.0 * floor_ms / ms_tok));
-      const char* profile_step = std::getenv("DFLASH_PROFILE_STEP");  // "verify": the 8-row step instead
+      // DFLASH_PROFILE_STEP: one step inside a profiler range for ncu --profile-from-start off: the
+      // decode step (any value), "verify" (8 rows, undoable) or "prefill" (one chunk of max_rows rows).
+      const char* profile_step = std::getenv("DFLASH_PROFILE_STEP");
       const bool profile_verify = profile_step != nullptr && std::string(profile_step) == "verify";
-      if (profile_step != nullptr && !profile_verify) {  // one decode step for ncu --profile-from-start off
+      const bool profile_prefill = profile_step != nullptr && std::string(profile_step) == "prefill";
+      if (profile_prefill) {
+        std::vector<int32_t> chunk(static_cast<size_t>(model->max_rows()));
+        for (size_t i = 0; i < chunk.size(); ++i) chunk[i] = static_cast<int32_t>(1000 + 37 * i % 50000);
+        ForwardOptions pf;
+        pf.logits = LogitRows::kLast;
+        model->reset();
+        model->forward(chunk, pf);  // warm-up (scratch sizes)
+        model->reset();
+        be->synchronize();
+        cuda::profiler_range(true);
+        model->forward(chunk, pf);
+        cuda::profiler_range(false);
+        model->reset();
+        prefill(*model, prompt);
+      }
+      if (profile_step != nullptr && !profile_verify && !profile_prefill) {  // one decode step
         be->synchronize();
         cuda::profiler_range(true);
         tok = model->forward(std::span(&tok, 1), last).argmax[0];

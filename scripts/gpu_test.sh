@@ -21,7 +21,8 @@
 #       (tools/sass_opcodes.py; e.g. --sass mm_ternary_kernel).
 #       --profile-step TYPE profiles one decode step of that 27B target with ncu and writes the
 #       per-kernel breakdown (tools/ncu_step_breakdown.py) to $OUT/step_breakdown_TYPE.md;
-#       --profile-verify TYPE does the same for one 8-row verify step.
+#       --profile-verify TYPE does the same for one 8-row verify step, --profile-prefill TYPE for one
+#       prefill chunk (the backend's prefill_rows() rows).
 #
 # Through the device tool:  run(command="bash scripts/gpu_test.sh", carry=["build-cuda/gpu.tgz"])
 set -uo pipefail
@@ -60,6 +61,7 @@ while [ $# -gt 0 ]; do
     --dflash-bench) DBENCH="$2"; shift ;;
     --profile-step) PROFILE="$2"; shift ;;
     --profile-verify) PROFILE="$2"; PROFILE_KIND=verify; shift ;;
+    --profile-prefill) PROFILE="$2"; PROFILE_KIND=prefill; shift ;;
     --sass) SASS="$2"; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
