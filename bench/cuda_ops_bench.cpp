@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "gguf/gguf.h"
+#include "models/dflash_drafter.h"
 #include "models/target.h"
 #include "ops/cuda/cuda_backend.h"
 #include "quant/types.h"
@@ -185,7 +186,7 @@ void bench_matmul_prefill(Backend& be, Out& out) {
 
 int main(int argc, char** argv) {
   bool quick = false, model_only = false, gdn_only = false, prefill_only = false;
-  std::string model_path, out_path, only_type, only_shape;  // --matmul TYPE[:SHAPE]: that matmul alone
+  std::string model_path, drafter_path, out_path, only_type, only_shape;  // --matmul TYPE[:SHAPE]: that matmul alone
   bool warm_l2 = false;  // --warm-l2: one copy of the matrix (served from L2 when it fits): the L2 bound
   int n_tokens = 64;
   for (int i = 1; i < argc; ++i) {
@@ -196,6 +197,7 @@ int main(int argc, char** argv) {
     else if (a == "--gdn") gdn_only = true;
     else if (a == "--prefill") prefill_only = true;
     else if (a == "--model" && i + 1 < argc) model_path = argv[++i];
+    else if (a == "--drafter" && i + 1 < argc) drafter_path = argv[++i];
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
     else if (a == "--tokens" && i + 1 < argc) n_tokens = std::atoi(argv[++i]);
     else if (a == "--matmul" && i + 1 < argc) {
@@ -205,7 +207,7 @@ int main(int argc, char** argv) {
       if (colon != std::string::npos) only_shape = v.substr(colon + 1);
     } else {
       fmt::print(stderr,
-                 "usage: bench_cuda_ops [--quick] [--model FILE [--model-only]] [--tokens N] [--gdn] [--prefill] [--matmul TYPE[:SHAPE] [--warm-l2]] [--out FILE.md]\n");
+                 "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--matmul TYPE[:SHAPE] [--warm-l2]] [--out FILE.md]\n");
       return 2;
     }
   }
@@ -430,6 +432,13 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       TargetOptions topts;
       topts.n_ctx = 4096;
+      std::unique_ptr<gguf::File> dfile;  // --drafter: its taps and block size shape the target
+      if (!drafter_path.empty()) {
+        dfile = std::make_unique<gguf::File>(gguf::File::open(drafter_path));
+        const DrafterConfig dc = read_drafter_config(*dfile);
+        topts.tap_layers = dc.target_layers;
+        topts.max_undo_rows = dc.block_size;
+      }
       // 8 rows (decode / verify), or the backend's prefill chunk when a prefill chunk is profiled
       const char* pstep = std::getenv("DFLASH_PROFILE_STEP");
       topts.max_rows = pstep != nullptr && std::string(pstep) == "prefill" ? 0 : 8;
@@ -483,7 +492,8 @@ int main(int argc, char** argv) {
         model->reset();
         prefill(*model, prompt);
       }
-      if (profile_step != nullptr && !profile_verify && !profile_prefill) {  // one decode step
+      const bool profile_draft = profile_step != nullptr && std::string(profile_step) == "draft";
+      if (profile_step != nullptr && !profile_verify && !profile_prefill && !profile_draft) {  // one decode step
         be->synchronize();
         cuda::profiler_range(true);
         tok = model->forward(std::span(&tok, 1), last).argmax[0];
@@ -514,6 +524,30 @@ int main(int argc, char** argv) {
       }
       out.line(fmt::format("verify (8 rows, undoable, + rollback): {:.2f} ms/step = {:.2f}x a decode step", ver_ms,
                            ver_ms / ms_tok));
+      if (dfile) {  // the draft step (device-resident: draft_device, no download), after 64 context rows
+        auto drafter = DFlashDrafter::load(*dfile, *model);
+        const DrafterConfig& dc = drafter->config();
+        std::vector<float> taps(static_cast<size_t>(64 * dc.n_taps() * dc.n_embd));
+        std::mt19937 rng(3);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (float& t : taps) t = nd(rng);
+        drafter->append_context(taps, 64);
+        for (int i = 0; i < 3; ++i) drafter->draft_device(1234);  // direct run, capture, replay
+        be->synchronize();
+        const int n_draft = std::max(8, n_tokens / 2);
+        const auto r0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < n_draft; ++i) drafter->draft_device(1234);
+        be->synchronize();
+        const double dr_ms =
+            1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - r0).count() / n_draft;
+        if (profile_step != nullptr && std::string(profile_step) == "draft") {
+          cuda::profiler_range(true);
+          drafter->draft_device(1234);
+          cuda::profiler_range(false);
+        }
+        out.line(fmt::format("draft step ({} rows, {} layers, graph replayed, no download): {:.3f} ms = {:.3f}x a "
+                             "decode step", dc.block_size, dc.n_layer, dr_ms, dr_ms / ms_tok));
+      }
     }
     if (!out_path.empty()) {
       std::ofstream f(out_path);

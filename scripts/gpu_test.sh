@@ -22,7 +22,8 @@
 #       --profile-step TYPE profiles one decode step of that 27B target with ncu and writes the
 #       per-kernel breakdown (tools/ncu_step_breakdown.py) to $OUT/step_breakdown_TYPE.md;
 #       --profile-verify TYPE does the same for one 8-row verify step, --profile-prefill TYPE for one
-#       prefill chunk (the backend's prefill_rows() rows).
+#       prefill chunk (the backend's prefill_rows() rows), --profile-draft TYPE for one draft step of
+#       the 27B-shaped drafter.
 #
 # Through the device tool:  run(command="bash scripts/gpu_test.sh", carry=["build-cuda/gpu.tgz"])
 set -uo pipefail
@@ -62,6 +63,7 @@ while [ $# -gt 0 ]; do
     --profile-step) PROFILE="$2"; shift ;;
     --profile-verify) PROFILE="$2"; PROFILE_KIND=verify; shift ;;
     --profile-prefill) PROFILE="$2"; PROFILE_KIND=prefill; shift ;;
+    --profile-draft) PROFILE="$2"; PROFILE_KIND=draft; shift ;;
     --sass) SASS="$2"; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -132,8 +134,13 @@ if [ -n "$PROFILE" ]; then
   F=/tmp/bonsai27-$PROFILE.gguf
   [ -f "$F" ] || timeout 200 "$G/dflash" synth "$F" --preset bonsai-27b --type "$PROFILE" >/dev/null 2>&1
   t0=$(date +%s)
+  DARG=()
+  if [ "$PROFILE_KIND" = draft ]; then
+    [ -f /tmp/drafter27.gguf ] || timeout 120 "$G/dflash" synth-drafter /tmp/drafter27.gguf --preset qwen38-27b --target "$F" >/dev/null 2>&1
+    DARG=(--drafter /tmp/drafter27.gguf)
+  fi
   DFLASH_PROFILE_STEP=$PROFILE_KIND timeout 300 ncu --profile-from-start off --metrics gpu__time_duration.sum,dram__bytes.sum \
-    --print-units base --csv --log-file "$OUT/step_$PROFILE.csv" "$G/bench_cuda_ops" --model "$F" --model-only --tokens 4 \
+    --print-units base --csv --log-file "$OUT/step_$PROFILE.csv" "$G/bench_cuda_ops" --model "$F" "${DARG[@]}" --model-only --tokens 4 \
     >"$OUT/step_app_$PROFILE.log" 2>&1
   echo "ncu step $PROFILE: exit $? in $(( $(date +%s) - t0 )) s"
   # The floor for the table: FLOOR_GBPS if given (the streaming read measured without ncu attached:
