@@ -3,28 +3,35 @@
 // Attention (cluster kernel). The arithmetic of one (row, head) is a function of the row's own range
 // [lo, hi) and its data only, never of M, the other rows or which CTA does what:
 //   * keys go in tiles of 32 aligned to absolute key positions (tile t = keys 32t .. 32t+31); the row's
-//     tiles [lo/32, ceil(hi/32)) are cut into S segments of ceil(tiles / S) whole tiles (S = the
-//     cluster size, 16 or 8, fixed per device);
+//     tiles [lo/32, ceil(hi/32)) are cut into S segments of ceil(tiles / S) whole tiles (S = 16 where
+//     16-CTA clusters run, else 8; fixed per device, never per call);
 //   * a score is q . k over the head dim zero-padded to 8 slices of cps float4 chunks: per slice four
 //     fma chains (one per float4 component, chunks in order) summed as (a0 + a1) + (a2 + a3), the slices
 //     summed left to right, then times scale;
 //   * per tile an online softmax: masked keys (outside the row's segment) score -inf, tile max by a
 //     warp butterfly, corr = expf(old max - new max), p = expf(s - new max), sum by a warp butterfly,
 //     l = l * corr + sum; acc = acc * corr, then acc = fma(p_j, v_j, acc) for the row's keys j of the
-//     tile in order (keys outside the row's range are skipped, never multiplied by 0);
+//     tile in order (keys outside the row's range are skipped, never multiplied by 0); a segment starts
+//     from m = -inf, l = 0, acc = 0;
 //   * the S segment partials (max, l, acc) are merged in segment order through distributed shared
 //     memory: w_s = expf(m_s - max), tot = fma(l_s, w_s, tot), out = fold fma(acc_s, w_s) * (1 / tot).
-// Work layout (free to depend on M): a cluster of S CTAs (256 threads) per (kv head, chunk of <= 8 of
-// its query heads, row group); CTA s takes segment s of every row of its group, streams the union of
-// their tiles through shared memory (cp.async, up to 3 stages) and all the chunk's heads of all its
-// rows read the tile there (GQA: K/V read once per cluster, not once per head; verify rows share the
-// tiles: causal rows hi, hi + 1, ... have the same segments unless ceil(tiles / S) differs).
+// Work layout (free to depend on M): a cluster of S / spc CTAs (256 threads) per (kv head, chunk of <= 8
+// of its query heads, row group); CTA c takes segments c spc .. c spc + spc - 1 (spc = 1 or 2) of every
+// row of its group, streams the union of their tiles through shared memory (cp.async, up to 3 stages)
+// and all the chunk's heads of all its rows read the tile there (GQA: K/V read once per cluster, not
+// once per head; verify rows share the tiles: causal rows hi, hi + 1, ... have the same segments unless
+// ceil(tiles / S) differs). With spc 2 a row's two segments are adjacent tiles of the one stream: at the
+// second's first tile the row's state is stored as the first segment's partial and restarted.
 //   decode layout (1 row): score slice w in warp w, lane = key, every head of the chunk per thread;
 //   verify layout (<= 4 rows): each thread 3 queries x 1 key over all 8 slices (4 x 8 lanes per warp).
 // Both compute the same per-score operations (the decode layout keeps slice sums in shared memory and
 // folds them in the softmax warp), so a verify row equals the same row decoded alone, bit for bit.
-// choose_layout picks the layout and head chunks (27B: decode 2 x 3 heads per KV head = 128 CTAs;
-// verify 8 rows: 2 groups of 4 rows x 6 heads = 128 CTAs). No scratch, no second kernel, no counters.
+// Why spc 2: clusters of 16 one-CTA-per-SM blocks are resident only 7 at a time on an H200 (a cluster
+// needs 16 free SMs of one GPC; 8-CTA clusters: 15), so 8 clusters of 16 ran as two waves, each paying
+// the whole fixed cost (ranges, queries, first tile's latency, merge). choose_layout estimates waves x
+// CTA time over the layouts, head chunks, rows per CTA and spc (27B, S = 16: decode 4 clusters of 16 =
+// 64 CTAs of 6 heads; verify 8 rows: 8 clusters of 8 CTAs x 2 segments, 4 rows x 6 heads = 64 CTAs, one
+// wave). No scratch, no second kernel, no counters.
 // Without clusters (never on Hopper) the older split + merge kernels run instead.
 #include <cooperative_groups.h>
 
@@ -81,16 +88,21 @@ struct Attn {
   int D, d4, cps, d4p;            // d4 = ceil(D / 4) chunks; cps chunks per slice; d4p = 8 * cps
   int group, hc, hchunks;         // heads per KV head; heads per CTA (<= 8); CTAs over a group's heads
   int rows;                       // rows per CTA
-  int nseg;                       // cluster size = segments per row
+  int nseg;                       // segments per row (S: 16, or 8 where 16-CTA clusters do not fit)
+  int spc;                        // segments per CTA (1 or 2): the cluster has nseg / spc CTAs
   int nstage;                     // tile buffers (1..3)
   float scale;
-  int vec;  // 16-byte copies (D % 4 == 0, 16-byte aligned k/v)
+  int vec;   // 16-byte copies (D % 4 == 0, 16-byte aligned k/v)
+  int qvec;  // 16-byte query loads (D % 4 == 0, 16-byte aligned q)
   // shared memory layout, in floats from the base
   int kst, vst, qst;   // row strides of the K, V and Q tiles
   int stage_floats;    // one K tile + one V tile
   int nq_max;          // queries per CTA (partials)
   int off_q, off_s, off_p, off_corr, off_w, off_inv, off_rows;
+  int off_pa0;  // spc 2: the first segment's partials (the second's lie over the tile buffers)
 };
+
+constexpr int kRI = 8;  // ints per row in the row table: ka, kb, ta, tb, tsp (first tile of the second segment)
 
 // Per-layout constants. kQO heads of one row per PV item (their P/corr entries padded to kQOP floats),
 // kIPT PV items per thread, kPst floats per P row, kSoft queries per warp in the softmax.
@@ -136,7 +148,16 @@ __device__ __forceinline__ void load_tile(const Attn& a, float* Ks, float* Vs, i
   const int64_t key0 = t * kTile;
   const float* kbase = a.k + g * a.D;
   const float* vbase = a.v + g * a.D;
-  if (a.vec) {
+  if (a.vec && kThreads % a.d4 == 0) {  // a thread keeps one chunk of its keys: no division per copy
+    const int c = static_cast<int>(threadIdx.x) % a.d4, step = kThreads / a.d4;
+    for (int j = static_cast<int>(threadIdx.x) / a.d4; j < kTile; j += step) {
+      const int64_t key = key0 + j;
+      if (key < ka || key >= kb) continue;
+      const int64_t src = key * a.kv_stride + 4 * c;
+      cp_async16(Ks + j * a.kst + 4 * c, kbase + src);
+      cp_async16(Vs + j * a.vst + 4 * c, vbase + src);
+    }
+  } else if (a.vec) {
     const int n = kTile * a.d4;
     for (int i = threadIdx.x; i < 2 * n; i += kThreads) {
       const bool isv = i >= n;
@@ -191,20 +212,24 @@ __device__ __forceinline__ void slice_dots(const float* Qs, int qst, const int (
   for (int i = 0; i < NQ; ++i) out[i] = __fadd_rn(__fadd_rn(acc[i][0], acc[i][1]), __fadd_rn(acc[i][2], acc[i][3]));
 }
 
-// Segment partials of every CTA of the cluster (PA [q][4 d4p], PM [q], PL [q] at the same offsets in
-// each) -> out: w_s = expf(m_s - max) (0 for an empty segment), tot = fold fma(l_s, w_s), then for this
-// CTA's dims o = fold fma(acc_s, w_s) in segment order, out = o * (1 / tot); an empty range gives 0.
+// Segment partials -> out. Segment s lies in CTA s / spc of the cluster: its last segment in PA [q][4 d4p],
+// PM [q], PL [q], its first (spc 2) in PA0, PM0, PL0 (the same offsets in every CTA). w_s = expf(m_s -
+// max) (0 for an empty segment), tot = fold fma(l_s, w_s), then for this CTA's dims o = fold fma(acc_s,
+// w_s) in segment order, out = o * (1 / tot); an empty range gives 0.
 template <int NS>
-__device__ __forceinline__ void merge_segments(const Attn& a, cg::cluster_group& cluster, int seg, int nq, int hcount,
-                                               int64_t r0, int64_t h0, float* PA, float* PM, float* PL, float* Ws,
-                                               float* Is) {
+__device__ __forceinline__ void merge_segments(const Attn& a, cg::cluster_group& cluster, int rank, int nq, int hcount,
+                                               int64_t r0, int64_t h0, float* PA, float* PM, float* PL, float* PA0,
+                                               float* PM0, float* PL0, float* Ws, float* Is) {
   const int tid = threadIdx.x;
+  const bool two = a.spc > 1;
   for (int q = tid; q < nq; q += kThreads) {
     float ms[NS], ls[NS];
 #pragma unroll
     for (int s = 0; s < NS; ++s) {
-      ms[s] = cluster.map_shared_rank(PM, s)[q];
-      ls[s] = cluster.map_shared_rank(PL, s)[q];
+      const bool first = two && (s & 1) == 0;
+      const int cta = two ? s >> 1 : s;
+      ms[s] = cluster.map_shared_rank(first ? PM0 : PM, cta)[q];
+      ls[s] = cluster.map_shared_rank(first ? PL0 : PL, cta)[q];
     }
     float mx = -INFINITY;
 #pragma unroll
@@ -219,13 +244,18 @@ __device__ __forceinline__ void merge_segments(const Attn& a, cg::cluster_group&
     Is[q] = mx == -INFINITY ? 0.0f : 1.0f / tot;  // 0: empty range (tot >= 1 otherwise)
   }
   __syncthreads();
-  const int pas = 4 * a.d4p, ds = (a.D + NS - 1) / NS;
+  const int ncta = NS / a.spc;
+  const int pas = 4 * a.d4p, ds = (a.D + ncta - 1) / ncta;
   for (int i = tid; i < nq * ds; i += kThreads) {
-    const int q = i / ds, d = seg * ds + (i - q * ds);
+    const int q = i / ds, d = rank * ds + (i - q * ds);
     if (d >= a.D) continue;
     float x[NS];
 #pragma unroll
-    for (int s = 0; s < NS; ++s) x[s] = cluster.map_shared_rank(PA, s)[q * pas + d];
+    for (int s = 0; s < NS; ++s) {
+      const bool first = two && (s & 1) == 0;
+      const int cta = two ? s >> 1 : s;
+      x[s] = cluster.map_shared_rank(first ? PA0 : PA, cta)[q * pas + d];
+    }
     float o = 0.0f;
 #pragma unroll
     for (int s = 0; s < NS; ++s) o = fmaf(x[s], Ws[q * NS + s], o);
@@ -235,7 +265,10 @@ __device__ __forceinline__ void merge_segments(const Attn& a, cg::cluster_group&
 }
 
 // kVer = false: decode layout (one row, kNQ >= its heads); true: verify layout (<= 4 rows).
-// Grid (nseg, n_kv_heads * hchunks, row groups), cluster (nseg, 1, 1).
+// Grid (nseg / spc, n_kv_heads * hchunks, row groups), cluster (nseg / spc, 1, 1): CTA `rank` of a
+// cluster takes segments rank * spc .. rank * spc + spc - 1 of every row of its group. With spc 2 the two
+// segments of a row are adjacent tiles: one stream, the row's state saved and restarted where the second
+// begins (tile tsp), so each segment's arithmetic is that of a CTA of its own.
 template <bool kVer, int kNQ>
 __global__ void __launch_bounds__(kThreads, 1) attention_cluster_kernel(const Attn a) {
   using L = AttnLayout<kVer>;
@@ -243,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_cluster_kernel(const At
   cg::cluster_group cluster = cg::this_cluster();
   pdl_wait();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int seg = static_cast<int>(cluster.block_rank());
+  const int rank = static_cast<int>(cluster.block_rank());
   const int g = blockIdx.y / a.hchunks, hcix = blockIdx.y - g * a.hchunks;
   const int hcount = min(a.hc, a.group - hcix * a.hc);
   const int64_t h0 = static_cast<int64_t>(g) * a.group + static_cast<int64_t>(hcix) * a.hc;
@@ -255,69 +288,96 @@ __global__ void __launch_bounds__(kThreads, 1) attention_cluster_kernel(const At
   float* Ss = sm + a.off_s;
   float* Ps = sm + a.off_p;
   float* Cs = sm + a.off_corr;
-  int* ri = reinterpret_cast<int*>(sm + a.off_rows);  // row r: ka, kb, ta, tb; then the union's
+  int* ri = reinterpret_cast<int*>(sm + a.off_rows);  // row r: ka, kb, ta, tb, tsp; then the union's
+  const int pas = 4 * a.d4p;
+  float* PA0 = sm + a.off_pa0;  // spc 2: first segment's partials
+  float* PM0 = PA0 + a.nq_max * pas;
+  float* PL0 = PM0 + a.nq_max;
 
-  // ---- this segment of every row
+  // ---- the rows' ranges, loaded while the queries are (every CTA takes them: they come from L2 and
+  // the ranges are not known yet)
+  int64_t lo = 0, hi = 0;
   if (tid < nr) {
-    const int64_t lo = a.kv_range[2 * (r0 + tid)], hi = a.kv_range[2 * (r0 + tid) + 1];
-    int64_t ka = 0, kb = 0, ta = 0, tb = 0;
+    lo = a.kv_range[2 * (r0 + tid)];
+    hi = a.kv_range[2 * (r0 + tid) + 1];
+  }
+  {
+    constexpr int kQRows = kVer ? AttnLayout<true>::kQPad : kNQ;  // rows past nq: zeros
+    if (a.qvec) {
+      for (int i = tid; i < kQRows * a.d4; i += kThreads) {
+        const int qq = i / a.d4, c = i - qq * a.d4;
+        float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (qq < nq) {
+          const int r = qq / hcount, h = qq - r * hcount;
+          val = ld4(a.q + ((r0 + r) * a.n_heads + h0 + h) * a.D + 4 * c);
+        }
+        st4(Qs + qq * a.qst + 4 * c, val);
+      }
+    } else {
+      const int w = 4 * a.d4;
+      for (int i = tid; i < kQRows * w; i += kThreads) {
+        const int qq = i / w, d = i - qq * w;
+        float val = 0.0f;
+        if (qq < nq && d < a.D) {
+          const int r = qq / hcount, h = qq - r * hcount;
+          val = a.q[((r0 + r) * a.n_heads + h0 + h) * a.D + d];
+        }
+        Qs[qq * a.qst + d] = val;
+      }
+    }
+  }
+
+  // ---- this CTA's segments of every row: tiles [ta, tb), keys [ka, kb); tsp = first tile of the
+  // second segment, tb when there is none (spc 1, or the row's second segment is empty)
+  if (tid < nr) {
+    int64_t ka = 0, kb = 0, ta = 0, tb = 0, tsp = 0;
     if (hi > lo) {
       const int64_t t0 = lo >= 0 ? lo / kTile : -((-lo + kTile - 1) / kTile), t1 = (hi + kTile - 1) / kTile;
       const int64_t tps = (t1 - t0 + a.nseg - 1) / a.nseg;
-      const int64_t sa = t0 + seg * tps, sb = min(sa + tps, t1);
+      const int64_t sa = t0 + static_cast<int64_t>(rank) * a.spc * tps;
+      const int64_t s1 = min(sa + tps, t1), sb = min(sa + a.spc * tps, t1);
       if (sa < sb) {
         ta = sa;
         tb = sb;
+        tsp = s1 < sb ? s1 : sb;
         ka = max(lo, sa * kTile);
         kb = min(hi, sb * kTile);
       }
     }
-    ri[4 * tid] = static_cast<int>(ka);
-    ri[4 * tid + 1] = static_cast<int>(kb);
-    ri[4 * tid + 2] = static_cast<int>(ta);
-    ri[4 * tid + 3] = static_cast<int>(tb);
+    ri[kRI * tid] = static_cast<int>(ka);
+    ri[kRI * tid + 1] = static_cast<int>(kb);
+    ri[kRI * tid + 2] = static_cast<int>(ta);
+    ri[kRI * tid + 3] = static_cast<int>(tb);
+    ri[kRI * tid + 4] = static_cast<int>(tsp);
   }
   __syncthreads();
   if (tid == 0) {
     int uka = 0, ukb = 0, uta = 0, utb = 0;
     bool any = false;
     for (int r = 0; r < nr; ++r) {
-      if (ri[4 * r + 3] <= ri[4 * r + 2]) continue;
-      uka = any ? min(uka, ri[4 * r]) : ri[4 * r];
-      ukb = any ? max(ukb, ri[4 * r + 1]) : ri[4 * r + 1];
-      uta = any ? min(uta, ri[4 * r + 2]) : ri[4 * r + 2];
-      utb = any ? max(utb, ri[4 * r + 3]) : ri[4 * r + 3];
+      if (ri[kRI * r + 3] <= ri[kRI * r + 2]) continue;
+      uka = any ? min(uka, ri[kRI * r]) : ri[kRI * r];
+      ukb = any ? max(ukb, ri[kRI * r + 1]) : ri[kRI * r + 1];
+      uta = any ? min(uta, ri[kRI * r + 2]) : ri[kRI * r + 2];
+      utb = any ? max(utb, ri[kRI * r + 3]) : ri[kRI * r + 3];
       any = true;
     }
-    ri[4 * L::kRows] = uka;
-    ri[4 * L::kRows + 1] = ukb;
-    ri[4 * L::kRows + 2] = uta;
-    ri[4 * L::kRows + 3] = utb;
+    ri[kRI * L::kRows] = uka;
+    ri[kRI * L::kRows + 1] = ukb;
+    ri[kRI * L::kRows + 2] = uta;
+    ri[kRI * L::kRows + 3] = utb;
   }
   __syncthreads();
-  const int64_t uka = ri[4 * L::kRows], ukb = ri[4 * L::kRows + 1];
-  const int uta = ri[4 * L::kRows + 2], utb = ri[4 * L::kRows + 3];
+  const int64_t uka = ri[kRI * L::kRows], ukb = ri[kRI * L::kRows + 1];
+  const int uta = ri[kRI * L::kRows + 2], utb = ri[kRI * L::kRows + 3];
 
-  // ---- start streaming K/V, then the queries
+  // ---- start streaming K/V
   const int nstage = a.nstage;
   auto stage_k = [&](int s) { return sm + s * a.stage_floats; };
   auto stage_v = [&](int s) { return sm + s * a.stage_floats + kTile * a.kst; };
   for (int i = 0; i < nstage - 1; ++i) {
     if (uta + i < utb) load_tile(a, stage_k(i), stage_v(i), uta + i, uka, ukb, g);
     cp_async_commit();
-  }
-  {
-    constexpr int kQRows = kVer ? AttnLayout<true>::kQPad : kNQ;
-    const int w = 4 * a.d4;
-    for (int i = tid; i < kQRows * w; i += kThreads) {
-      const int qq = i / w, d = i - qq * w;
-      float val = 0.0f;
-      if (qq < nq && d < a.D) {
-        const int r = qq / hcount, h = qq - r * hcount;
-        val = a.q[((r0 + r) * a.n_heads + h0 + h) * a.D + d];
-      }
-      Qs[qq * a.qst + d] = val;
-    }
   }
 
   // ---- per-thread state: softmax (warp w owns queries w, w + 8, ...), PV accumulators
@@ -393,8 +453,16 @@ __global__ void __launch_bounds__(kThreads, 1) attention_cluster_kernel(const At
       const int q = warp + kWarps * i;
       if (q >= nq) break;
       const int r = q / hcount, h = q - r * hcount;
-      const int ka = ri[4 * r], kb = ri[4 * r + 1], ta = ri[4 * r + 2], tb = ri[4 * r + 3];
+      const int ka = ri[kRI * r], kb = ri[kRI * r + 1], ta = ri[kRI * r + 2], tb = ri[kRI * r + 3];
       if (t < ta || t >= tb) continue;  // not one of this row's tiles
+      if (t == ri[kRI * r + 4]) {       // the row's second segment starts: the first one's state is final
+        if (lane == 0) {
+          PM0[q] = rmax[i];
+          PL0[q] = rsum[i];
+        }
+        rmax[i] = -INFINITY;
+        rsum[i] = 0.0f;
+      }
       const int64_t key = static_cast<int64_t>(t) * kTile + lane;
       const bool valid = key >= ka && key < kb;
       float s;
@@ -424,9 +492,18 @@ __global__ void __launch_bounds__(kThreads, 1) attention_cluster_kernel(const At
       const int rb = it_rb[k];
       if (rb < 0) continue;
       const int r = rb / nhb;
-      const int ka = ri[4 * r], kb = ri[4 * r + 1], ta = ri[4 * r + 2], tb = ri[4 * r + 3];
+      const int ka = ri[kRI * r], kb = ri[kRI * r + 1], ta = ri[kRI * r + 2], tb = ri[kRI * r + 3];
       if (t < ta || t >= tb) continue;
       const int qp0 = rb * L::kQOP, c = it_c[k];
+      if (t == ri[kRI * r + 4]) {  // the row's second segment starts: store the first one's acc, restart at 0
+        const int hb = rb - r * nhb;
+#pragma unroll
+        for (int i = 0; i < L::kQO; ++i) {
+          const int h = hb * L::kQO + i;
+          if (h < hcount) st4(PA0 + (r * hcount + h) * pas + 4 * c, acc[k][i]);
+          acc[k][i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      }
       const int64_t key0 = static_cast<int64_t>(t) * kTile;
       const int j0 = static_cast<int>(max(static_cast<int64_t>(ka) - key0, int64_t{0}));
       const int j1 = static_cast<int>(min(static_cast<int64_t>(kb) - key0, int64_t{kTile}));
@@ -446,6 +523,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_cluster_kernel(const At
         acc[k][i].z = __fmul_rn(acc[k][i].z, pv[i]);
         acc[k][i].w = __fmul_rn(acc[k][i].w, pv[i]);
       }
+#pragma unroll 4
       for (int j = j0; j < j1; ++j) {
         const float4 vv = ld4(Vs + j * a.vst + 4 * c);
 #pragma unroll
@@ -468,19 +546,29 @@ __global__ void __launch_bounds__(kThreads, 1) attention_cluster_kernel(const At
     __syncthreads();
   }
 
-  // ---- this segment's partials -> shared memory (over the tile buffers): acc [nq_max][4 d4p], max, l
+  // ---- partials -> shared memory: the last segment's over the tile buffers (acc [nq_max][4 d4p], max,
+  // l), the first one's (spc 2) in PA0. A row whose second segment is empty ends in its first: its
+  // state goes to PA0 and the second gets the empty partial (m = -inf, l = 0, acc = 0).
   cp_async_wait(0);
   __syncthreads();
-  const int pas = 4 * a.d4p;
   float* PA = sm;
   float* PM = sm + a.nq_max * pas;
   float* PL = PM + a.nq_max;
+  const bool two = a.spc > 1;
 #pragma unroll
   for (int i = 0; i < L::kSoft; ++i) {
     const int q = warp + kWarps * i;
     if (q < nq && lane == 0) {
-      PM[q] = rmax[i];
-      PL[q] = rsum[i];
+      const int r = q / hcount;
+      if (two && ri[kRI * r + 4] >= ri[kRI * r + 3]) {
+        PM0[q] = rmax[i];
+        PL0[q] = rsum[i];
+        PM[q] = -INFINITY;
+        PL[q] = 0.0f;
+      } else {
+        PM[q] = rmax[i];
+        PL[q] = rsum[i];
+      }
     }
   }
 #pragma unroll
@@ -488,19 +576,29 @@ __global__ void __launch_bounds__(kThreads, 1) attention_cluster_kernel(const At
     const int rb = it_rb[k];
     if (rb < 0) continue;
     const int r = rb / nhb, hb = rb - r * nhb;
+    const bool first = two && ri[kRI * r + 4] >= ri[kRI * r + 3];
 #pragma unroll
     for (int i = 0; i < L::kQO; ++i) {
       const int h = hb * L::kQO + i;
-      if (h < hcount) st4(PA + (r * hcount + h) * pas + 4 * it_c[k], acc[k][i]);
+      if (h >= hcount) continue;
+      const int o = (r * hcount + h) * pas + 4 * it_c[k];
+      if (first) {
+        st4(PA0 + o, acc[k][i]);
+        st4(PA + o, make_float4(0.f, 0.f, 0.f, 0.f));
+      } else {
+        st4(PA + o, acc[k][i]);
+      }
     }
   }
   cluster.sync();
 
-  // ---- merge the segments in order; CTA s writes dims [s ds, (s + 1) ds) of every query
+  // ---- merge the segments in order; CTA c writes dims [c ds, (c + 1) ds) of every query
   if (a.nseg == kMaxSeg)
-    merge_segments<kMaxSeg>(a, cluster, seg, nq, hcount, r0, h0, PA, PM, PL, sm + a.off_w, sm + a.off_inv);
+    merge_segments<kMaxSeg>(a, cluster, rank, nq, hcount, r0, h0, PA, PM, PL, PA0, PM0, PL0, sm + a.off_w,
+                            sm + a.off_inv);
   else
-    merge_segments<kMaxSeg / 2>(a, cluster, seg, nq, hcount, r0, h0, PA, PM, PL, sm + a.off_w, sm + a.off_inv);
+    merge_segments<kMaxSeg / 2>(a, cluster, rank, nq, hcount, r0, h0, PA, PM, PL, PA0, PM0, PL0, sm + a.off_w,
+                                sm + a.off_inv);
   cluster.sync();  // no CTA leaves while another still reads its partials
 }
 
@@ -663,12 +761,13 @@ void launch_attention_splits(const float* q, const float* k, const float* v, con
 
 // ---- host side of the cluster kernel -------------------------------------------------------------------
 
-// What a device allows, found once per device: the cluster size (16, else 8; 0: no clusters, use the
-// fallback) and how many such clusters of one-CTA-per-SM blocks are resident at once.
+// What a device allows, found once per device: how many clusters of 16 and of 8 one-CTA-per-SM blocks
+// are resident at once (H200: 7 and 15), and the segments per row (16 where 16-CTA clusters run, else 8;
+// 0: no clusters, use the fallback).
 struct DeviceAttn {
   bool init = false;
-  int csize = 0;
-  int max_clusters = 1;
+  int nseg = 0;
+  int clusters16 = 0, clusters8 = 0;
   int optin = 0;  // shared memory per block
 };
 
@@ -696,9 +795,11 @@ const DeviceAttn& device_attn() {
       !set_attrs<false, 2>(d.optin) || !set_attrs<false, 3>(d.optin) || !set_attrs<false, 4>(d.optin) || !set_attrs<false, 6>(d.optin) ||
       !set_attrs<false, 8>(d.optin) || !set_attrs<true, 32>(d.optin)) {
     (void)cudaGetLastError();
-    return d;  // csize 0
+    return d;  // nseg 0
   }
-  for (int cs : {kMaxSeg, kMaxSeg / 2}) {
+  int* counts[2] = {&d.clusters16, &d.clusters8};
+  for (int i = 0; i < 2; ++i) {
+    const int cs = kMaxSeg >> i;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(cs), 1, 1);
     cfg.blockDim = dim3(kThreads, 1, 1);
@@ -715,12 +816,9 @@ const DeviceAttn& device_attn() {
       (void)cudaGetLastError();
       n = 0;
     }
-    if (n >= 1) {
-      d.csize = cs;
-      d.max_clusters = n;
-      break;
-    }
+    *counts[i] = n;
   }
+  d.nseg = d.clusters16 >= 1 ? 16 : d.clusters8 >= 1 ? 8 : 0;
   return d;
 }
 
@@ -731,7 +829,7 @@ bool plan_smem(Attn& a, bool ver, int nq_rows, int optin, size_t* bytes) {
   const int pst = ver ? AttnLayout<true>::kPst : AttnLayout<false>::kPst;
   const int qrows = ver ? AttnLayout<true>::kQPad : nq_rows;
   const int s_floats = ver ? AttnLayout<true>::kNQMax * kSStride : kSlices * nq_rows * kSStride;
-  const int rows_ints = 4 * ((ver ? AttnLayout<true>::kRows : AttnLayout<false>::kRows) + 1);
+  const int rows_ints = kRI * ((ver ? AttnLayout<true>::kRows : AttnLayout<false>::kRows) + 1);
   a.kst = 4 * a.d4p + 4;  // 16 bytes mod 128: 8 keys' float4 of one chunk fall in distinct banks
   a.vst = 4 * a.d4p;
   a.qst = 4 * a.d4p + 4;
@@ -753,6 +851,8 @@ bool plan_smem(Attn& a, bool ver, int nq_rows, int optin, size_t* bytes) {
     off += round4(a.nq_max);
     a.off_rows = static_cast<int>(off);
     off += round4(rows_ints);
+    a.off_pa0 = static_cast<int>(off);
+    if (a.spc > 1) off += round4(merge_floats);
     if (off * 4 <= optin) {
       a.nstage = ns;
       *bytes = static_cast<size_t>(off) * 4;
@@ -770,50 +870,59 @@ struct Choice {
   unsigned groups = 0;  // grid y: KV heads x head chunks
 };
 
-// The layout only moves work between threads (each row's arithmetic is fixed by its range), so it may
-// follow M and the device: the candidate with the fewest estimated waves x cost per wave, where a wave
-// is dev.max_clusters clusters and a CTA costs about 1 + heads / 3 (decode layout, one row) or
-// 2 x rows x heads / 6 (verify layout). Decode candidates: a KV head's query heads in one cluster
-// (<= 8) or in two (twice the CTAs streaming the same tiles, the second read mostly from L2).
+// One layout: hc heads of a KV head per CTA (chunks of hc, the last may be shorter), `rows` rows per
+// CTA (verify layout, 2..4) or one (decode layout), spc segments per CTA. False when it does not fit.
+bool make_choice(const Attn& base, int64_t n_kv_heads, bool ver, int hc, int rows, int spc, int optin, Choice* out) {
+  using V = AttnLayout<true>;
+  Attn a = base;
+  if (hc < 1 || hc > 8 || spc < 1 || spc > 2 || a.nseg % spc != 0) return false;
+  a.hc = hc;
+  a.hchunks = (a.group + hc - 1) / hc;
+  a.spc = spc;
+  if (ver) {
+    const int nhb = (hc + V::kQO - 1) / V::kQO;
+    if (rows < 2 || rows > V::kRows || rows * hc > V::kNQMax || a.d4p * rows * nhb > kThreads * V::kIPT) return false;
+    a.rows = rows;
+    a.nq_max = rows * hc;
+  } else {
+    a.rows = 1;
+    a.nq_max = hc <= 2 ? 2 : hc <= 4 ? hc : hc <= 6 ? 6 : 8;
+  }
+  size_t smem = 0;
+  if (!plan_smem(a, ver, a.nq_max, optin, &smem)) return false;
+  *out = Choice{a, ver, ver ? 0 : a.nq_max, smem, static_cast<unsigned>(n_kv_heads * a.hchunks)};
+  return true;
+}
+
+// The layout only moves work between threads and CTAs (each row's arithmetic is fixed by its range and
+// the device's segment count), so it may follow M and the device: the candidate with the least
+// estimated time = waves x CTA time, where a wave is as many clusters as are resident at once (16-CTA
+// clusters: 7 on an H200, so 8 clusters take two waves) and a CTA costs a fixed part (ranges, queries,
+// first tile's latency, merge: ~8 us) plus spc x its time per segment. Per segment (27B shape on the
+// H200, 2 tiles a segment): decode layout ~4 + hc / 3 us, verify layout ~6 + 5 per 12 queries (its
+// score warp tiles hold 12 queries). Candidates: a KV head's query heads in one CTA (<= 8) or split
+// over several (more CTAs streaming the same tiles, the repeats from L2), 1-4 rows per CTA, one segment
+// per CTA (nseg-CTA clusters) or two (half as many CTAs per cluster, clusters that fit where 16 do not).
 bool choose_layout(const Attn& base, int64_t M, int64_t n_kv_heads, const DeviceAttn& dev, Choice* out) {
-  auto waves = [&](int64_t clusters) { return (clusters + dev.max_clusters - 1) / dev.max_clusters; };
   int64_t best = -1;
-  const int min_chunks = (base.group + 7) / 8;
-  for (int split = 1; split <= 2; ++split) {
-    Attn a = base;
-    a.hchunks = std::min(min_chunks * split, a.group);
-    a.hc = (a.group + a.hchunks - 1) / a.hchunks;
-    if (split == 2 && a.hchunks == min_chunks) break;
-    const unsigned groups = static_cast<unsigned>(n_kv_heads * a.hchunks);
-    // decode layout
-    {
-      Attn d = a;
-      d.rows = 1;
-      d.nq_max = d.hc <= 2 ? 2 : d.hc <= 4 ? d.hc : d.hc <= 6 ? 6 : 8;
-      size_t smem = 0;
-      if (plan_smem(d, false, d.nq_max, dev.optin, &smem)) {
-        const int64_t cost = waves(static_cast<int64_t>(groups) * M) * (3 + d.hc);
+  for (int spc = 1; spc <= 2; ++spc) {
+    const int csize = base.nseg / spc;
+    const int resident = csize == 16 ? dev.clusters16 : csize == 8 ? dev.clusters8 : 0;
+    if (resident < 1) continue;
+    auto waves = [&](int64_t clusters) { return (clusters + resident - 1) / resident; };
+    for (int hc = std::min(base.group, 8); hc >= 1; --hc) {
+      const int chunks = (base.group + hc - 1) / hc;
+      if ((base.group + chunks - 1) / chunks != hc) continue;  // the same chunks as a larger hc
+      for (int rows = static_cast<int>(std::min<int64_t>(M, AttnLayout<true>::kRows)); rows >= 1; --rows) {
+        const bool ver = rows > 1;
+        Choice c;
+        if (!make_choice(base, n_kv_heads, ver, hc, rows, spc, dev.optin, &c)) continue;
+        const int64_t seg_cost = ver ? 60 + 50 * ((rows * hc + 11) / 12) : 40 + (10 * hc) / 3;  // 0.1 us
+        const int64_t cost = waves(static_cast<int64_t>(c.groups) * ((M + rows - 1) / rows)) * (80 + spc * seg_cost);
         if (best < 0 || cost < best) {
           best = cost;
-          *out = Choice{d, false, d.nq_max, smem, groups};
+          *out = c;
         }
-      }
-    }
-    // verify layout (heads of a KV head in one cluster only)
-    if (split == 1 && M > 1) {
-      const int nhb = (a.hc + AttnLayout<true>::kQO - 1) / AttnLayout<true>::kQO;
-      for (int rows = static_cast<int>(std::min<int64_t>(M, AttnLayout<true>::kRows)); rows >= 2; --rows) {
-        Attn v = a;
-        v.rows = rows;
-        v.nq_max = rows * a.hc;
-        size_t smem = 0;
-        if (a.d4p * rows * nhb > kThreads * AttnLayout<true>::kIPT || !plan_smem(v, true, 0, dev.optin, &smem)) continue;
-        const int64_t cost = waves(static_cast<int64_t>(groups) * ((M + rows - 1) / rows)) * rows * a.hc;
-        if (best < 0 || cost < best) {
-          best = cost;
-          *out = Choice{v, true, 0, smem, groups};
-        }
-        break;
       }
     }
   }
@@ -822,8 +931,9 @@ bool choose_layout(const Attn& base, int64_t M, int64_t n_kv_heads, const Device
 
 template <bool kVer, int kNQ>
 void launch_cluster(const Attn& a, size_t smem, unsigned groups, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>(a.nseg), groups, static_cast<unsigned>((a.M + a.rows - 1) / a.rows));
-  const dim3 cluster(static_cast<unsigned>(a.nseg), 1, 1);
+  const unsigned csize = static_cast<unsigned>(a.nseg / a.spc);
+  const dim3 grid(csize, groups, static_cast<unsigned>((a.M + a.rows - 1) / a.rows));
+  const dim3 cluster(csize, 1, 1);
   // A runtime that refuses PDL on a cluster launch gets the cluster alone (the first launch, made before
   // any graph capture, finds out). Other errors: the backend's cudaGetLastError.
   static std::atomic<bool> no_pdl{false};
@@ -834,6 +944,20 @@ void launch_cluster(const Attn& a, size_t smem, unsigned groups, cudaStream_t s)
     no_pdl.store(true, std::memory_order_relaxed);
   }
   (void)launch_ex(attention_cluster_kernel<kVer, kNQ>, grid, dim3(kThreads), smem, s, cluster, false, a);
+}
+
+void launch_choice(const Choice& c, cudaStream_t s) {
+  if (c.ver) {
+    launch_cluster<true, 32>(c.a, c.smem, c.groups, s);
+    return;
+  }
+  switch (c.nq) {
+    case 2: launch_cluster<false, 2>(c.a, c.smem, c.groups, s); break;
+    case 3: launch_cluster<false, 3>(c.a, c.smem, c.groups, s); break;
+    case 4: launch_cluster<false, 4>(c.a, c.smem, c.groups, s); break;
+    case 6: launch_cluster<false, 6>(c.a, c.smem, c.groups, s); break;
+    default: launch_cluster<false, 8>(c.a, c.smem, c.groups, s); break;
+  }
 }
 
 }  // namespace
@@ -856,7 +980,7 @@ void launch_attention(const float* q, const float* k, const float* v, const int3
                       cudaStream_t s) {
   if (M <= 0 || n_heads <= 0) return;
   const DeviceAttn& dev = device_attn();
-  if (dev.csize == 0) {
+  if (dev.nseg == 0) {
     launch_attention_splits(q, k, v, kv_range, out, M, n_heads, n_kv_heads, head_dim, scale, scratch, s);
     return;
   }
@@ -874,25 +998,17 @@ void launch_attention(const float* q, const float* k, const float* v, const int3
   a.cps = (a.d4 + kSlices - 1) / kSlices;
   a.d4p = kSlices * a.cps;
   a.group = static_cast<int>(n_heads / n_kv_heads);
-  a.nseg = dev.csize;
+  a.nseg = dev.nseg;
+  a.spc = 1;
   a.scale = scale;
   a.vec = a.D % 4 == 0 && reinterpret_cast<uintptr_t>(k) % 16 == 0 && reinterpret_cast<uintptr_t>(v) % 16 == 0;
+  a.qvec = a.D % 4 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0;
   Choice c;
   if (!choose_layout(a, M, n_kv_heads, dev, &c)) {
     launch_attention_splits(q, k, v, kv_range, out, M, n_heads, n_kv_heads, head_dim, scale, scratch, s);
     return;
   }
-  if (c.ver) {
-    launch_cluster<true, 32>(c.a, c.smem, c.groups, s);
-    return;
-  }
-  switch (c.nq) {
-    case 2: launch_cluster<false, 2>(c.a, c.smem, c.groups, s); break;
-    case 3: launch_cluster<false, 3>(c.a, c.smem, c.groups, s); break;
-    case 4: launch_cluster<false, 4>(c.a, c.smem, c.groups, s); break;
-    case 6: launch_cluster<false, 6>(c.a, c.smem, c.groups, s); break;
-    default: launch_cluster<false, 8>(c.a, c.smem, c.groups, s); break;
-  }
+  launch_choice(c, s);
 }
 
 }  // namespace dflash::cuda
