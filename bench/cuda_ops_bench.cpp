@@ -1,6 +1,6 @@
 // bench_cuda_ops: CUDA backend throughput against the measured streaming-read floor.
 //
-//   bench_cuda_ops [--quick] [--model FILE.gguf [--model-only] [--tokens N]] [--gdn] [--prefill]
+//   bench_cuda_ops [--quick] [--model FILE.gguf [--model-only] [--tokens N]] [--gdn] [--prefill] [--attn-prefill]
 //                  [--matmul TYPE[:SHAPE] [--warm-l2]] [--out FILE.md]
 //
 // --matmul runs section 2 alone for one type (and shape, e.g. ptq1_0:attn_qkv: a target for ncu);
@@ -19,6 +19,9 @@
 //    sequential recurrence at the 27B shape for M = 64..512, and tok/s of 48 GDN layers alone.
 // 6. Prefill matmul (bench_matmul_prefill, also alone with --prefill): matmul_prefill at the 27B
 //    shapes for M = 64..512 in us and TFLOP/s, against the GEMV fallback.
+// 7. Prefill attention (bench_attention_prefill, also alone with --attn-prefill, and with --prefill):
+//    attention_prefill at the 27B shape (24 / 4 heads x 256, causal, M rows at the end of the cache)
+//    against attention() (the decode / verify kernel prefill used before).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -182,10 +185,51 @@ void bench_matmul_prefill(Backend& be, Out& out) {
   out.line("");
 }
 
+// Prefill attention at the 27B shape: attention_prefill (attention_prefill.cu, tf32 mma) against attention()
+// for M causal rows at the end of a cache of `keys` keys, median of 20 calls (10 for attention()).
+// TFLOP/s counts the causal work only: 4 D H sum over rows of (keys seen).
+void bench_attention_prefill(Backend& be, Out& out) {
+  constexpr int64_t H = 24, Hkv = 4, D = 256;
+  out.line("| prefill attention 27B (24/4 heads x 256) | M | keys | attention_prefill us | TFLOP/s | attention us | speed-up |");
+  out.line("|---|---|---|---|---|---|---|");
+  std::mt19937 rng(93);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto dev = [&](size_t n) {
+    std::vector<float> h(n);
+    for (auto& v : h) v = nd(rng);
+    float* p = static_cast<float*>(be.alloc(n * 4));
+    be.upload(p, h.data(), n * 4);
+    return p;
+  };
+  for (auto [M, keys] : {std::pair<int64_t, int64_t>{512, 512}, {128, 512}, {512, 1536}, {512, 4096}}) {
+    float* q = dev(M * H * D);
+    float* k = dev(keys * Hkv * D);
+    float* v = dev(keys * Hkv * D);
+    float* o = static_cast<float*>(be.alloc(M * H * D * 4));
+    std::vector<int32_t> hr;
+    double work = 0;
+    for (int64_t m = 0; m < M; ++m) {
+      hr.insert(hr.end(), {0, static_cast<int32_t>(keys - M + m + 1)});
+      work += static_cast<double>(keys - M + m + 1);
+    }
+    int32_t* r = static_cast<int32_t*>(be.alloc(hr.size() * 4));
+    be.upload(r, hr.data(), hr.size() * 4);
+    const float scale = 1.0f / 16.0f;
+    const double us = 1e3 * cuda::time_ms(be, 3, 20, [&] { be.attention_prefill(q, k, v, r, o, M, H, Hkv, D, scale); });
+    const double old_us = 1e3 * cuda::time_ms(be, 1, 10, [&] { be.attention(q, k, v, r, o, M, H, Hkv, D, scale); });
+    const double tflops = 4.0 * D * H * work / (us * 1e-6) / 1e12;
+    out.line(fmt::format("| attention_prefill | {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f}x |", M, keys, us, tflops,
+                         old_us, old_us / us));
+    for (float* p : {q, k, v, o}) be.release(p);
+    be.release(r);
+  }
+  out.line("");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, model_only = false, gdn_only = false, prefill_only = false;
+  bool quick = false, model_only = false, gdn_only = false, prefill_only = false, attn_prefill_only = false;
   std::string model_path, drafter_path, out_path, only_type, only_shape;  // --matmul TYPE[:SHAPE]: that matmul alone
   bool warm_l2 = false;  // --warm-l2: one copy of the matrix (served from L2 when it fits): the L2 bound
   int n_tokens = 64;
@@ -196,6 +240,7 @@ int main(int argc, char** argv) {
     else if (a == "--model-only") model_only = true;
     else if (a == "--gdn") gdn_only = true;
     else if (a == "--prefill") prefill_only = true;
+    else if (a == "--attn-prefill") attn_prefill_only = true;
     else if (a == "--model" && i + 1 < argc) model_path = argv[++i];
     else if (a == "--drafter" && i + 1 < argc) drafter_path = argv[++i];
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
@@ -207,7 +252,7 @@ int main(int argc, char** argv) {
       if (colon != std::string::npos) only_shape = v.substr(colon + 1);
     } else {
       fmt::print(stderr,
-                 "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--matmul TYPE[:SHAPE] [--warm-l2]] [--out FILE.md]\n");
+                 "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--attn-prefill] [--matmul TYPE[:SHAPE] [--warm-l2]] [--out FILE.md]\n");
       return 2;
     }
   }
@@ -219,8 +264,14 @@ int main(int argc, char** argv) {
     Out out;
     auto be = make_cuda_backend(0);
     out.line(fmt::format("device: {}", cuda_device_description(0)));
-    if (prefill_only) {  // section 6 alone
+    if (attn_prefill_only) {  // section 7 alone
+      bench_attention_prefill(*be, out);
+      if (!out_path.empty()) std::ofstream(out_path) << out.md;
+      return 0;
+    }
+    if (prefill_only) {  // sections 6 and 7 alone
       bench_matmul_prefill(*be, out);
+      bench_attention_prefill(*be, out);
       if (!out_path.empty()) std::ofstream(out_path) << out.md;
       return 0;
     }
@@ -421,6 +472,7 @@ int main(int argc, char** argv) {
     // ---- prefill GDN
     if (!model_only) bench_gdn_prefill(*be, out);
     if (!model_only) bench_matmul_prefill(*be, out);
+    if (!model_only) bench_attention_prefill(*be, out);
 
     // ---- whole model
     if (!model_path.empty()) {

@@ -465,7 +465,12 @@ void Qwen35Model::attention_block(int il, const float* nin, float* y, int64_t M)
   be_.rope_neox(k_, d_pos_, M, Hkv, hd, cfg_.n_rot, cfg_.rope_theta);
   be_.scatter_rows(s.k_cache, kv_width(), n_ctx_, d_pos_, k_, kv_width(), M, kv_width());
   be_.scatter_rows(s.v_cache, kv_width(), n_ctx_, d_pos_, v_, kv_width(), M, kv_width());
-  be_.attention(q_, s.k_cache, s.v_cache, d_kv_range_, attn_, M, H, Hkv, hd, 1.0f / std::sqrt((float)hd));
+  // A long non-undoable chunk takes the prefill kernel (tensor cores on CUDA; rounds differently).
+  const float scale = 1.0f / std::sqrt((float)hd);
+  if (prefill_chunk_)
+    be_.attention_prefill(q_, s.k_cache, s.v_cache, d_kv_range_, attn_, M, H, Hkv, hd, scale);
+  else
+    be_.attention(q_, s.k_cache, s.v_cache, d_kv_range_, attn_, M, H, Hkv, hd, scale);
   if (cfg_.attn_output_gate) be_.mul_sigmoid(attn_, gate_, attn_, M * q_width());
   const float* oin = rotated(attn_, M, q_width(), w.rot_attn_out, rot_);
   mm(w.wo, oin, y, M);

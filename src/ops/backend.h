@@ -172,6 +172,14 @@ class Backend {
   // h / (n_heads / n_kv_heads). kv_range is an int32 array [M, 2].
   virtual void attention(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
                          int64_t M, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale) = 0;
+  // The same attention for long prefill chunks, whose rows are never compared with one-row results
+  // (like matmul_prefill): a backend may use a kernel whose rounding depends on M and on which rows
+  // share a tile (CUDA: tf32 tensor cores, ~1e-7 NMSE from attention()). The lossless contract does not
+  // hold here; decode and verify use attention(). Default: attention().
+  virtual void attention_prefill(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
+                                 int64_t M, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale) {
+    attention(q, k, v, kv_range, out, M, n_heads, n_kv_heads, head_dim, scale);
+  }
 
   // ---- Gated DeltaNet (SPEC 2.4) ------------------------------------------------------------
   // Causal depthwise conv over time + SiLU: for each channel c and row m,

@@ -448,6 +448,12 @@ TEST(CudaOps, Attention) {
   // verify rows with different ranges (union of tiles shared, each row masked to its own), empty rows
   attention_case(8, 24, 4, 256, 700, {0, 1, 0, 0, 5, 37, 31, 33, 0, 513, 100, 700, 699, 700, 0, 640}, 30,
                  "verify rows of different ranges");
+  // verify rows whose CTAs take two adjacent segments each (27B verify on the H200: 8-CTA clusters over
+  // 16 segments): odd tile counts (a CTA's second segment empty), ranges starting and ending mid-tile,
+  // one tile, 16 + 1 tiles (two-tile segments, the last alone), a row longer than 16 x 2 tiles
+  attention_case(8, 24, 4, 256, 1700,
+                 {0, 9 * 32 - 5, 40, 600, 0, 33, 31, 32, 0, 17 * 32, 3, 16 * 32 + 1, 100, 1700, 0, 35 * 32 + 7}, 37,
+                 "verify segment pairs");
   // 16 causal rows across 1024 keys: ceil(tiles / 16) changes between rows (segment bounds differ)
   std::vector<int32_t> r16;
   for (int m = 0; m < 16; ++m) r16.insert(r16.end(), {0, 1017 + m});
@@ -468,7 +474,10 @@ TEST(CudaOps, Attention) {
 TEST(CudaOps, GdnConvAndGates) {
   REQUIRE_GPU();
   std::mt19937 rng(31);
-  for (auto [M, C, K] : {std::tuple<int64_t, int64_t, int64_t>{8, 10240, 4}, {1, 10240, 4}, {5, 300, 3}}) {
+  // M >= 32 (out of place) runs the prefill kernel (runs of 16 rows in parallel, then the state
+  // update): it must give the serial kernel's bits (the in-place call below) and the row-by-row bits.
+  for (auto [M, C, K] : {std::tuple<int64_t, int64_t, int64_t>{8, 10240, 4}, {1, 10240, 4}, {5, 300, 3},
+                         {100, 10240, 4}, {512, 1024, 4}, {37, 300, 3}}) {
     const auto x = randn_vec(rng, M * C), st = randn_vec(rng, (K - 1) * C), w = randn_vec(rng, C * K, 0.5f);
     Buf<float> xg(gpu(), x), sg(gpu(), st), wg(gpu(), w), yg(gpu(), M * C);
     Buf<float> xc(cpu(), x), sc(cpu(), st), wc(cpu(), w), yc(cpu(), M * C);
@@ -915,6 +924,74 @@ TEST(CudaMatmul, PrefillTensorCores) {
   prefill_case(GgmlType::PQ2_0, 17408, 5120, {100}, seed++);
   prefill_case(GgmlType::PQ2_0, 5120, 6144, {512}, seed++, true);
   prefill_case(GgmlType::PTQ1_0, 5120, 1024, {512}, seed++);
+}
+
+// ---- prefill attention -----------------------------------------------------------------------------
+// attention_prefill (attention_prefill.cu): tf32 tensor-core flash attention for prefill chunks, not
+// lossless. Bound 1e-6 NMSE against the CPU's attention(): q, k, p and v are rounded to tf32 (unit
+// roundoff 2^-11, ~2e-4 RMS relative per input, products and sums in fp32), so at unit-variance scores
+// each score is off by ~3e-4 absolute (a relative error of each p) and each p v product by ~3e-4
+// relative: NMSE ~ 2 x (3e-4)^2 ~ 2e-7 (a host emulation of the kernel's fragments measured 0.8e-7 ..
+// 1.6e-7); 1e-6 leaves 5x for the tensor cores' own accumulation rounding. A silent fallback to
+// attention() would pass that bound too, so the result must also differ from attention()'s bits where
+// the kernel applies (head dims 64, 128, 256; M >= 16) and equal them where it does not (fallback).
+std::vector<int32_t> causal_ranges(int64_t M, int64_t n_keys, int32_t lo = 0) {
+  std::vector<int32_t> r;
+  for (int64_t m = 0; m < M; ++m) r.insert(r.end(), {lo, static_cast<int32_t>(n_keys - M + m + 1)});
+  return r;
+}
+
+void attention_prefill_case(int64_t M, int64_t H, int64_t Hkv, int64_t D, int64_t n_keys,
+                            const std::vector<int32_t>& ranges, uint32_t seed, const std::string& what,
+                            bool kernel = true) {
+  std::mt19937 rng(seed);
+  const auto q = randn_vec(rng, M * H * D), k = randn_vec(rng, n_keys * Hkv * D), v = randn_vec(rng, n_keys * Hkv * D);
+  Buf<float> qg(gpu(), q), kg(gpu(), k), vg(gpu(), v), og(gpu(), M * H * D), oa(gpu(), M * H * D);
+  Buf<float> qc(cpu(), q), kc(cpu(), k), vc(cpu(), v), oc(cpu(), M * H * D);
+  Buf<int32_t> rg(gpu(), ranges), rc(cpu(), ranges);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  gpu().attention_prefill(qg, kg, vg, rg, og, M, H, Hkv, D, scale);
+  cpu().attention(qc, kc, vc, rc, oc, M, H, Hkv, D, scale);
+  const std::string shp = shape_str({M, H, Hkv, D, n_keys});
+  const auto got = og.get();
+  check(fmt::format("attention_prefill {}", what), shp, got, oc.get(), 1e-6, og.guard_ok());
+  gpu().attention(qg, kg, vg, rg, oa, M, H, Hkv, D, scale);
+  const bool same = std::memcmp(got.data(), oa.get().data(), got.size() * 4) == 0;
+  const bool ok = kernel ? !same : same;
+  record({fmt::format("attention_prefill {} {}", kernel ? "kernel ran" : "falls back", what), shp, 0, 0, -1, ok,
+          same ? "bits equal attention()" : "bits differ from attention()"});
+  EXPECT_TRUE(ok) << what << (kernel ? ": the tensor-core kernel did not run" : ": the fallback differs");
+}
+
+TEST(CudaOps, AttentionPrefill) {
+  REQUIRE_GPU();
+  // 27B shape (24 query heads, 4 KV heads, head_dim 256): chunks at the end of the cache, causal;
+  // 512 keys = a chunk from an empty cache (M = 512), 1500 = a later chunk. M = 100: a 64-row tile
+  // half full (rows past M neither read nor written: guard).
+  uint32_t seed = 950;
+  for (int64_t keys : {512, 1500})
+    for (int64_t M : {32, 100, 512})
+      attention_prefill_case(M, 24, 4, 256, keys, causal_ranges(M, keys), seed++,
+                             fmt::format("27B causal M={} keys={}", M, keys));
+  // ranges starting above 0 (a tile-aligned and a mid-tile start: keys before lo never read)
+  attention_prefill_case(100, 24, 4, 256, 700, causal_ranges(100, 700, 320), seed++, "27B lo=320");
+  attention_prefill_case(70, 24, 4, 256, 700, causal_ranges(70, 700, 301), seed++, "27B lo=301");
+  // mixed rows: empty, one key, mid-tile, a key range far from the others (the CTA's key union has
+  // keys no row reads), a whole warp (rows 48..63) empty, then causal rows in the second 64-row tile
+  {
+    std::vector<int32_t> r = causal_ranges(80, 600);
+    const int32_t odd[] = {5, 37, 0, 0, 599, 600, 40, 41, 0, 1, 31, 33, 200, 233, 550, 551};
+    std::copy(std::begin(odd), std::end(odd), r.begin());
+    for (int m = 48; m < 64; ++m) r[2 * m] = r[2 * m + 1] = 20;
+    attention_prefill_case(80, 24, 4, 256, 600, r, seed++, "27B mixed ranges");
+  }
+  // qwen3-like shapes: the tiny test models (4 / 2 heads x 64) and 32 / 8 heads x 128
+  attention_prefill_case(40, 4, 2, 64, 100, causal_ranges(40, 100), seed++, "head_dim 64");
+  attention_prefill_case(200, 4, 2, 64, 200, causal_ranges(200, 200), seed++, "head_dim 64 from empty");
+  attention_prefill_case(64, 32, 8, 128, 300, causal_ranges(64, 300), seed++, "head_dim 128");
+  // no kernel: head_dim 80, or M below kAttentionPrefillMinRows -> attention(), same bits
+  attention_prefill_case(40, 4, 2, 80, 100, causal_ranges(40, 100), seed++, "head_dim 80", false);
+  attention_prefill_case(8, 24, 4, 256, 300, causal_ranges(8, 300), seed++, "M=8", false);
 }
 
 }  // namespace

@@ -401,6 +401,19 @@ class CudaBackend final : public Backend {
     });
     after("attention");
   }
+  // Prefill chunks: the tensor-core kernel (attention_prefill.cu) where it has one (head dims 64, 128,
+  // 256; M >= kAttentionPrefillMinRows), else attention(). No scratch, one launch for all M rows.
+  void attention_prefill(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
+                         int64_t M, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale) override {
+    DFLASH_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+                 "cuda attention_prefill: {} heads not a multiple of {} kv heads", n_heads, n_kv_heads);
+    if (M <= 0) return;
+    if (!cuda::launch_attention_prefill(q, k, v, kv_range, out, M, n_heads, n_kv_heads, head_dim, scale, stream_)) {
+      attention(q, k, v, kv_range, out, M, n_heads, n_kv_heads, head_dim, scale);
+      return;
+    }
+    after("attention_prefill");
+  }
 
   // ---- Gated DeltaNet ---------------------------------------------------------------------------
   void gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C, int64_t K) override {

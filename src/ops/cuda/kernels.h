@@ -120,6 +120,14 @@ void launch_attention(const float* q, const float* k, const float* v, const int3
                       int64_t M, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch,
                       cudaStream_t s);
 constexpr int64_t kAttentionMaxHeadDim = 512;
+// Prefill attention (attention_prefill.cu, Backend::attention_prefill): a tensor-core flash-attention kernel
+// (tf32 mma, rounding that depends on the rows sharing a CTA: not lossless). Head dims 64, 128, 256 and
+// M >= kAttentionPrefillMinRows; returns false for anything else (the caller runs launch_attention).
+// No scratch. kv_range rows with hi <= lo (or lo < 0) get zeros.
+constexpr int64_t kAttentionPrefillMinRows = 16;
+bool launch_attention_prefill(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
+                              int64_t M, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                              cudaStream_t s);
 
 // ---- Gated DeltaNet recurrence (gdn.cu) ---------------------------------------------------------------
 void launch_gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,

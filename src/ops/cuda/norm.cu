@@ -167,6 +167,59 @@ __global__ void gdn_conv_kernel(const float* x, float* state, const float* __res
     if (j < H) state[j * C + c] = win[j];
 }
 
+// Prefill form (M >= kConvRowsPerThread): threads over (channel, run of kConvRowsPerThread rows), each
+// row's sum in the decode kernel's order (so the same bits); the window of a run starts from the K-1
+// inputs before it (the state for the first rows). The state is updated afterwards by
+// gdn_conv_state_kernel (another launch: a CTA here cannot know when the first run has read the old
+// state).
+constexpr int kConvRowsPerThread = 16;
+template <int kK>
+__global__ void gdn_conv_rows_kernel(const float* x, const float* state, const float* __restrict__ w, float* y,
+                                     int64_t M, int64_t C, int K_rt) {
+  pdl_wait();
+  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int K = kK > 0 ? kK : K_rt;
+  const int H = K - 1;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kConvRowsPerThread;
+  const int64_t m1 = m0 + kConvRowsPerThread < M ? m0 + kConvRowsPerThread : M;
+  float win[kMaxK];
+  float wc[kMaxK];
+#pragma unroll
+  for (int j = 0; j < kMaxK; ++j) {
+    const int64_t src = m0 - H + j;  // input row of window slot j (negative: the state's rows)
+    win[j] = j < H ? (src < 0 ? state[(H + src) * C + c] : x[src * C + c]) : 0.0f;
+    wc[j] = (j < K) ? w[c * K + j] : 0.0f;
+  }
+  for (int64_t m = m0; m < m1; ++m) {
+    const float xin = x[m * C + c];
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j < H) acc += wc[j] * win[j];
+    float wl = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j == H) wl = wc[j];
+    acc += wl * xin;
+#pragma unroll
+    for (int j = 0; j + 1 < kMaxK; ++j)
+      if (j + 1 < H) win[j] = win[j + 1];
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j == H - 1) win[j] = xin;
+    y[m * C + c] = silu_f(acc);
+  }
+}
+// state = the last K-1 input rows (M >= K-1).
+__global__ void gdn_conv_state_kernel(const float* x, float* state, int64_t M, int64_t C, int H) {
+  pdl_wait();
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i >= H * C) return;
+  const int64_t j = i / C, c = i % C;
+  state[j * C + c] = x[(M - H + j) * C + c];
+}
+
 __global__ void dflash_conv_kernel(const float* __restrict__ x, const float* __restrict__ base,
                                    const float* __restrict__ d, int64_t d_stride, const float* res, float* y, int64_t M,
                                    int64_t C, int64_t K, int64_t group) {
@@ -237,6 +290,16 @@ void launch_gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm
 void launch_gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C, int64_t K,
                      cudaStream_t s) {
   if (C <= 0) return;
+  if (M >= 2 * kConvRowsPerThread && M >= K - 1 && x != y) {  // prefill: runs of rows in parallel
+    const dim3 grid(ceil_div_u(C, 128), ceil_div_u(M, kConvRowsPerThread));
+    if (K == 4)
+      launch_pdl(gdn_conv_rows_kernel<4>, grid, 128, 0, s, x, state, w, y, M, C, 4);
+    else
+      launch_pdl(gdn_conv_rows_kernel<0>, grid, 128, 0, s, x, state, w, y, M, C, static_cast<int>(K));
+    if (K > 1) launch_pdl(gdn_conv_state_kernel, ceil_div_u((K - 1) * C, 256), 256, 0, s, x, state, M, C,
+                          static_cast<int>(K - 1));
+    return;
+  }
   if (K == 4)
     launch_pdl(gdn_conv_kernel<4>, ceil_div_u(C, 128), 128, 0, s, x, state, w, y, M, C, 4);
   else
