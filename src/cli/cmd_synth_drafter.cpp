@@ -2,7 +2,8 @@
 //
 //   dflash synth-drafter d.gguf                         (fits `dflash synth`'s tiny target)
 //   dflash synth-drafter d.gguf --target t.gguf         (shaped for an existing target file)
-//   dflash synth-drafter d.gguf --preset qwen38-27b     (the 81-tensor Q4_K/Q6_K 27B drafter, ~1.1 GB)
+//   dflash synth-drafter d.gguf --preset qwen38-27b     (the 81-tensor Q4_K/Q6_K 27B drafter, ~1.1 GB;
+//                                                       with --target, the target is only checked to fit)
 //   dflash synth-drafter d.gguf --v1 --layers 1         (a DFlash v1 drafter: no conv, no selector)
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -64,7 +65,19 @@ SynthTargetSpec tiny_target() {
 
 void synth(const SynthDrafterArgs& a) {
   SynthDrafterSpec s;
-  if (!a.target.empty()) {
+  if (a.preset == "qwen38-27b") {
+    // The published 27B drafter's shape; a --target must fit it (it only names the file to check).
+    s = SynthDrafterSpec::qwen38_27b();
+    if (!a.target.empty()) {
+      const gguf::File f = gguf::File::open(a.target);
+      const TargetConfig tc = read_target_config(f);
+      const int64_t vocab = f.tensor("token_embd.weight").ne[1];
+      DFLASH_CHECK(tc.n_embd == s.n_embd && vocab == s.n_vocab && tc.n_layer > s.target_layers.back(),
+                   "synth-drafter: the qwen38-27b preset (hidden {}, vocabulary {}, taps up to layer {}) does not fit "
+                   "target {} (hidden {}, vocabulary {}, {} layers); drop --preset to shape the drafter for it",
+                   s.n_embd, s.n_vocab, s.target_layers.back(), a.target, tc.n_embd, vocab, tc.n_layer);
+    }
+  } else if (!a.target.empty()) {
     // Shape the drafter for an existing target: hidden size, vocabulary, layers (taps), rope, mask token.
     const gguf::File f = gguf::File::open(a.target);
     const TargetConfig tc = read_target_config(f);
@@ -78,8 +91,6 @@ void synth(const SynthDrafterArgs& a) {
     t.tokenizer = false;
     s = SynthDrafterSpec::for_target(t);
     if (f.has("tokenizer.ggml.mask_token_id")) s.mask_token = static_cast<int32_t>(f.get_int("tokenizer.ggml.mask_token_id"));
-  } else if (a.preset == "qwen38-27b") {
-    s = SynthDrafterSpec::qwen38_27b();
   } else {
     DFLASH_CHECK(a.preset == "tiny", "unknown preset '{}' (tiny or qwen38-27b)", a.preset);
     s = SynthDrafterSpec::for_target(tiny_target());

@@ -217,5 +217,17 @@ TEST_F(Cli, QuantizeAndDumpMatchReferenceVectors) {
   EXPECT_EQ(checked, 13);
 }
 
+// The 27B drafter preset keeps its shape with --target: a target that does not fit is an error naming
+// both shapes (it used to be silently replaced by a drafter shaped for the target).
+TEST_F(Cli, SynthDrafterPresetWithATargetThatDoesNotFit) {
+  const std::string t = path("tiny_target.gguf").string(), d = path("preset_drafter.gguf").string();
+  ASSERT_EQ(run("synth " + quote(t)).code, 0);
+  const Result r = run("synth-drafter " + quote(d) + " --preset qwen38-27b --target " + quote(t));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("qwen38-27b preset (hidden 5120"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(d));
+  EXPECT_EQ(run("synth-drafter " + quote(d) + " --target " + quote(t)).code, 0);  // shaped for it
+}
+
 }  // namespace
 }  // namespace dflash::cli::test
