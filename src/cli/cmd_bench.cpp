@@ -6,6 +6,8 @@
 //   pp<P>      prefill of P prompt tokens from an empty cache (chunks of --ubatch rows)
 //   tg<N>      plain greedy decode of N tokens (one row per step)
 //   verify<B>  one undoable B-row target forward + rollback, against one decode step
+//   draft<B>   one drafter step (with a drafter; device-resident, as in a speculative cycle), against
+//              one decode step
 //   spec<N>    DFlash speculative generation of N tokens (with a drafter): tok/s, acceptance length
 // Every rate is the mean over --reps runs (± standard deviation). Decode rows also give the bytes a
 // step must move (every weight once, the embedding's one row, GDN state read + write, KV cache read)
@@ -241,6 +243,7 @@ void bench(const BenchArgs& a) {
     fo.logits = LogitRows::kAll;
     fo.undoable = true;
     fo.want_taps = !topts.tap_layers.empty();
+    fo.taps_on_device = true;  // as in a speculative cycle: the taps go to the drafter on the device
     const int iters = std::max<int>(8, static_cast<int>(a.n_gen / 4));
     for (int r = 0; r < a.reps; ++r) {
       const auto block = random_ids(a.block);
@@ -259,6 +262,33 @@ void bench(const BenchArgs& a) {
     row.ms_per_tok = s.mean;
     row.extra = fmt::format("{:.2f} ms per {}-row step = {:.2f}x a decode step", s.mean, a.block, s.mean / decode_ms);
     row.j["verify_over_decode"] = s.mean / decode_ms;
+    rows.push_back(row);
+  }
+  // ---- draft: the drafter's step alone (device-resident: no download), relative to one decode step
+  if (drafter) {
+    model->reset();
+    drafter->reset_context();
+    prefill_device_taps(*model, random_ids(64),
+                        [&](const float* taps, int64_t n) { drafter->append_context_device(taps, n); });
+    const int iters = std::max<int>(8, static_cast<int>(a.n_gen / 4));
+    std::vector<double> ms;
+    for (int i = 0; i < 3; ++i) drafter->draft_device(1);  // direct run, graph capture, replay
+    be->synchronize();
+    for (int r = 0; r < a.reps; ++r) {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) drafter->draft_device(static_cast<int32_t>(rng() % cfg.n_vocab));
+      be->synchronize();
+      ms.push_back(1e3 * seconds(t0) / iters);
+    }
+    Row row;
+    row.test = fmt::format("draft{}", drafter->block_size());
+    const Stat s = stat_of(ms);
+    row.verify = true;  // a step time, not a token rate
+    row.tok_s = {1e3 / s.mean, 0};
+    row.ms_per_tok = s.mean;
+    row.extra = fmt::format("{:.2f} ms per draft of {} rows ({} layers) = {:.2f}x a decode step", s.mean,
+                            drafter->block_size(), drafter->config().n_layer, s.mean / decode_ms);
+    row.j["draft_over_decode"] = s.mean / decode_ms;
     rows.push_back(row);
   }
   // ---- spec
@@ -327,7 +357,7 @@ void bench(const BenchArgs& a) {
              model_path, cfg.arch, cfg.n_layer, cfg.n_embd, file_gb, drafter_path.empty() ? "none" : drafter_path,
              be->name(), load_s);
   fmt::print("streaming-read bandwidth measured now: {:.1f} GB/s ({} reps per test)\n\n", floor_gbs, a.reps);
-  fmt::print("| model | backend | test | t/s | ms/tok (verify: ms/step) | GB/s | % floor | notes |\n");
+  fmt::print("| model | backend | test | t/s | ms/tok (verify, draft: ms/step) | GB/s | % floor | notes |\n");
   fmt::print("|---|---|---|---:|---:|---:|---:|---|\n");
   for (const Row& r : rows)
     fmt::print("| {} | {} | {} | {} | {:.3f} | {} | {} | {} |\n", name, be->name(), r.test,
@@ -340,7 +370,7 @@ void bench(const BenchArgs& a) {
 
 void register_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
-  CLI::App* cmd = app.add_subcommand("bench", "Measure prefill, decode, verify and speculative speed (a table)");
+  CLI::App* cmd = app.add_subcommand("bench", "Measure prefill, decode, verify, draft and speculative speed (a table)");
   cmd->add_option("-m,--model", a->model, "target model GGUF (default: the bundled model)");
   cmd->add_option("-d,--drafter", a->drafter, "DFlash drafter GGUF (default: the bundled one with the bundled model)");
   cmd->add_option("--device", a->device, kDeviceHelp);
