@@ -131,6 +131,40 @@ TEST_P(CudaModel, LogitsCloseToCpu) {
   EXPECT_TRUE(pass) << worst;
 }
 
+// Prefill chunks of >= 32 rows take the prefill kernels on the GPU (matmul_prefill on bf16 tensor
+// cores for the ternary types, attention_prefill on tf32, gdn_chunked, the row-parallel conv), whose
+// rounding differs from the decode ops: per op 1e-7 .. 6e-6 NMSE (cuda_ops_test). A 100-token prompt
+// in one chunk (CPU: chunks of 64), then 8 decode rows: every row's logits within 1e-4 NMSE of the
+// CPU's (the per-op errors through 4 layers, with room).
+TEST_P(CudaModel, PrefillChunkLogitsCloseToCpu) {
+  REQUIRE_GPU();
+  const std::string p = path();
+  Loaded g = load(gpu(), p, 4), c = load(cpu(), p, 4);
+  ASSERT_GE(g.model->max_rows(), 100) << "the GPU takes the prompt in one prefill chunk";
+  const auto prompt = random_tokens(100, 3, 500);
+  std::vector<float> lg, lc;
+  prefill(*g.model, prompt, nullptr, &lg);
+  prefill(*c.model, prompt, nullptr, &lc);
+  double worst = diff(lg, lc).nmse;
+  bool finite = diff(lg, lc).non_finite == 0 && lg.size() == lc.size();
+  ForwardOptions all;
+  all.want_logits = true;
+  const auto block = random_tokens(8, 4, 500);
+  const ForwardResult rg = g.model->forward(block, all), rc = c.model->forward(block, all);
+  const int64_t V = g.model->config().n_vocab;
+  for (size_t m = 0; m < block.size(); ++m) {
+    const std::vector<float> a(rg.logits.begin() + m * V, rg.logits.begin() + (m + 1) * V);
+    const std::vector<float> b(rc.logits.begin() + m * V, rc.logits.begin() + (m + 1) * V);
+    const Diff d = diff(a, b);
+    worst = std::max(worst, d.nmse);
+    finite = finite && d.non_finite == 0;
+  }
+  const bool pass = finite && worst <= 1e-4;
+  record({"model logits after a prefill chunk " + case_name(GetParam()), "100-row chunk + 8 rows", worst, 0, 1e-4,
+          pass, "worst row NMSE (last prompt row and 8 verify rows)"});
+  EXPECT_TRUE(pass) << worst;
+}
+
 TEST_P(CudaModel, VerifyRowsBitIdenticalToDecode) {
   REQUIRE_GPU();
   const std::string p = path();
