@@ -384,21 +384,28 @@ void DFlashDrafter::append_context_device(const float* taps, int64_t rows) {
   append_rows(taps, true, rows);
 }
 
+int64_t DFlashDrafter::context_keep() const {
+  const bool bounded = opts_.context == DrafterContextMode::kSinkWindow || cfg_.sliding_window > 0;
+  return bounded ? keep_ : INT64_MAX;
+}
+
+void DFlashDrafter::skip_context(int64_t rows) {
+  if (rows == 0) return;
+  DFLASH_CHECK(rows > 0 && context_keep() != INT64_MAX,
+               "drafter context: skipping {} rows needs a bounded context (sliding window or sink + window)", rows);
+  // Everything stored is older than the skipped rows, hence dead too (reference mode).
+  if (opts_.context == DrafterContextMode::kReference) ctx_pos_.clear();
+  ctx_end_ += rows;
+}
+
 void DFlashDrafter::append_rows(const float* taps, bool on_device, int64_t rows) {
   const int64_t width = cfg_.n_taps() * cfg_.n_embd;
   // Rows that are dead as soon as this append ends are skipped (a long prompt projects only its
   // tail): reference mode keeps the last window-1 positions; sink/window mode, like the seed,
   // appends only the last sink+window rows of a batch.
-  int64_t skip = 0;
-  if (opts_.context == DrafterContextMode::kSinkWindow)
-    skip = std::max<int64_t>(0, rows - keep_);
-  else if (cfg_.sliding_window > 0)
-    skip = std::max<int64_t>(0, rows - keep_);
-  if (skip > 0) {
-    // Everything stored is older than the skipped rows, hence dead too (reference mode).
-    if (opts_.context == DrafterContextMode::kReference) ctx_pos_.clear();
-    ctx_end_ += skip;
-  }
+  const int64_t keep = context_keep();
+  const int64_t skip = keep < rows ? rows - keep : 0;
+  skip_context(skip);
   for (int64_t r = skip; r < rows; r += opts_.append_chunk) {
     const int64_t m = std::min(opts_.append_chunk, rows - r);
     append_chunk(taps + r * width, on_device, m);
@@ -425,6 +432,9 @@ const int32_t* Drafter::draft_device(int32_t) {
 }
 void Drafter::append_context_device(const float*, int64_t) {
   throw Error("internal: this drafter takes host taps only (drafts_on_device() is false)");
+}
+void Drafter::skip_context(int64_t) {
+  throw Error("internal: this drafter keeps every context row (context_keep() is unbounded)");
 }
 
 const int32_t* DFlashDrafter::draft_device(int32_t anchor) {

@@ -110,6 +110,13 @@ class Drafter {
   virtual const int32_t* draft_device(int32_t anchor);
   // append_context() from backend memory: taps [rows, n_taps * n_embd] on the target's backend.
   virtual void append_context_device(const float* taps, int64_t rows);
+  // Of a batch of appended rows, the trailing ones that can still matter (a sliding window, or sink +
+  // window; INT64_MAX when every row stays visible). append_context() of n rows is the same as
+  // skip_context(n - keep) then appending the last keep rows, so a prompt fed in chunks need not
+  // project its older rows.
+  virtual int64_t context_keep() const { return INT64_MAX; }
+  // Advances the context past `rows` positions without their features (only as described above).
+  virtual void skip_context(int64_t rows);
 };
 
 // What one DFlash forward computed, kept for tests and the oracle (host copies).
@@ -145,6 +152,8 @@ class DFlashDrafter final : public Drafter {
   bool drafts_on_device() const override { return true; }
   const int32_t* draft_device(int32_t anchor) override;
   void append_context_device(const float* taps, int64_t rows) override;
+  int64_t context_keep() const override;
+  void skip_context(int64_t rows) override;
 
   // Diagnostics: the last draft's trace (candidates, selector inputs, tokens; hidden states and
   // logits only with set_keep_trace(true), since they cost a download per draft).

@@ -50,9 +50,22 @@ int32_t Engine::prepare(std::span<const int32_t> prompt, GenerateStats& st, bool
   std::vector<float> logits;
   const std::span<const int32_t> rest = prompt.subspan(cached_.size());
   int32_t first = -1;
-  if (want_taps && drafter_->drafts_on_device()) {  // each chunk's taps go to the drafter in backend memory
+  if (want_taps && drafter_->drafts_on_device()) {
+    // Each chunk's taps go to the drafter in backend memory. As one append of the whole prompt would,
+    // only the last context_keep() rows are projected; the drafter skips the older ones.
+    const int64_t n = static_cast<int64_t>(rest.size());
+    const int64_t keep = drafter_->context_keep();
+    const int64_t from = keep < n ? n - keep : 0;  // first row that needs its features
+    const int64_t width = static_cast<int64_t>(target_.tap_layers().size()) * target_.config().n_embd;
+    int64_t done = 0;
     first = prefill_device_taps(
-        target_, rest, [&](const float* taps, int64_t rows) { drafter_->append_context_device(taps, rows); },
+        target_, rest,
+        [&](const float* taps, int64_t rows) {
+          const int64_t lo = std::clamp(from, done, done + rows);
+          drafter_->skip_context(lo - done);
+          if (done + rows > lo) drafter_->append_context_device(taps + (lo - done) * width, done + rows - lo);
+          done += rows;
+        },
         sampler ? &logits : nullptr);
   } else {
     first = prefill(target_, rest, want_taps ? &prompt_taps_ : nullptr, sampler ? &logits : nullptr);

@@ -528,6 +528,59 @@ TEST(DrafterContext, SinkWindowKeepsSinkAndRecentRows) {
   EXPECT_EQ(p.drafter->context_positions(), (std::vector<int64_t>{4, 5, 6, 7, 8, 9}));
 }
 
+// The engine feeds a prompt's taps to a device-resident drafter chunk by chunk (only the rows the
+// context can keep, skipping the rest), and to a host drafter in one append. Both must leave the same
+// context: the same drafts, hence the same acceptance per cycle, for long prompts in every context
+// mode (reference with a sliding window, sink + window, unbounded), also across turns.
+class HostOnlyDrafter final : public Drafter {  // the same drafter, through the host path
+ public:
+  explicit HostOnlyDrafter(Drafter& d) : d_(d) {}
+  int64_t block_size() const override { return d_.block_size(); }
+  int64_t context_end() const override { return d_.context_end(); }
+  void reset_context() override { d_.reset_context(); }
+  void append_context(std::span<const float> taps, int64_t rows) override { d_.append_context(taps, rows); }
+  std::vector<int32_t> draft(int32_t anchor) override { return d_.draft(anchor); }
+
+ private:
+  Drafter& d_;
+};
+
+TEST(DrafterContext, ChunkedPromptAppendsEqualOneAppend) {
+  struct Mode {
+    int64_t window;
+    bool sink;
+  };
+  for (const Mode md : {Mode{16, false}, Mode{16, true}, Mode{0, false}}) {
+    WindowPair files(md.window, md.sink ? "chunked_sink" : "chunked_" + std::to_string(md.window));
+    DrafterOptions o;
+    if (md.sink) {
+      o.context = DrafterContextMode::kSinkWindow;
+      o.sink = 3;
+      o.window = 9;
+    }
+    Pair dev = load_pair(files.tp, files.dp, 8, 512, o), host = load_pair(files.tp, files.dp, 8, 512, o);
+    ASSERT_LT(dev.target->max_rows(), 40);  // prompts go in several chunks
+    ASSERT_TRUE(dev.drafter->drafts_on_device());
+    HostOnlyDrafter host_path(*host.drafter);
+    Engine a(*dev.target, dev.drafter.get()), b(*host.target, &host_path);
+    std::vector<int32_t> prompt = random_tokens(150, 17, 96);
+    for (int turn = 0; turn < 3; ++turn) {
+      GenerateOptions g;
+      g.max_tokens = 20;
+      GenerateStats sa, sb;
+      const auto out_a = run(a, prompt, g, &sa), out_b = run(b, prompt, g, &sb);
+      ASSERT_EQ(out_a, out_b);
+      EXPECT_EQ(sa.accepted_per_cycle, sb.accepted_per_cycle) << "window " << md.window << " sink " << md.sink
+                                                              << " turn " << turn;
+      EXPECT_EQ(dev.drafter->context_positions(), host.drafter->context_positions()) << "turn " << turn;
+      EXPECT_EQ(dev.drafter->draft(7), host.drafter->draft(7)) << "turn " << turn;
+      prompt.insert(prompt.end(), out_a.begin(), out_a.end());
+      const auto more = random_tokens(40 + 13 * turn, 50 + turn, 96);  // the next turn's new text
+      prompt.insert(prompt.end(), more.begin(), more.end());
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Loading
 
