@@ -506,9 +506,8 @@ void Qwen35Model::gdn_block(int il, const float* n, const float* nin, float* y, 
   } else {
     // decode and verify: norms, gates and recurrence in one op. An undoable forward keeps the
     // recurrence's inputs per layer (rollback replays gdn_recurrent on them): the op leaves the
-    // prepared q, k, g, beta in the undo buffers, v is copied as it is.
-    const Backend::GdnPrepared undo{s.undo_q, s.undo_k, s.undo_g, s.undo_beta};
-    if (undoable) be_.copy_rows(s.undo_v, Hv * dv, v, C, M, Hv * dv);
+    // prepared q, k, g, beta and a packed copy of v in the undo buffers.
+    const Backend::GdnPrepared undo{s.undo_q, s.undo_k, s.undo_g, s.undo_beta, s.undo_v};
     be_.gdn_prepare_recurrent({q, C, k, C, v, C, a_, b_, w.dt_bias, w.ssm_a}, s.ssm_state, attn_,
                               undoable ? &undo : nullptr, M, shape);
   }

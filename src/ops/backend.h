@@ -220,6 +220,7 @@ class Backend {
     float* k = nullptr;     // [M, n_k_heads*head_k]
     float* g = nullptr;     // [M, n_v_heads]
     float* beta = nullptr;  // [M, n_v_heads]
+    float* v = nullptr;     // optional: [M, n_v_heads*head_v], a packed copy of in.v (the replay's v)
   };
   static constexpr float kGdnL2Eps = 1e-6f;  // the eps of GDN's q/k l2 norms
   // The recurrence with its inputs prepared in the same op, for decode and verify (CUDA: one kernel
@@ -228,7 +229,7 @@ class Backend {
   //   beta = sigmoid(in.b), g = ssm_a * softplus(in.a + dt_bias)  (as gdn_gates)
   //   then gdn_recurrent(q, k, v, g, beta, state, out, nullptr, M, shape).
   // The inputs are not modified. prepared: null, or the buffers that receive the prepared q, k, g,
-  // beta: the exact values the recurrence used, so gdn_recurrent over them from the same state gives
+  // beta (and, when prepared->v is set, the packed v): the exact values the recurrence used, so gdn_recurrent over them from the same state gives
   // this op's state and out bit for bit. They must not overlap the inputs. Each row's prepared values
   // depend only on that row (never on M); the backend may round them differently from the separate
   // l2_norm / gdn_gates ops (CUDA sums the squares in another order).

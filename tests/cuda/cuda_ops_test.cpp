@@ -605,10 +605,12 @@ TEST(CudaOps, GdnPrepareRecurrent) {
       return Backend::GdnRawInputs{x, C, x + nqk, C, x + 2 * nqk, C, av, bv, d, A};
     };
     Buf<float> xg(gpu(), conv), ag(gpu(), a), bg(gpu(), b), dg(gpu(), dt), sag(gpu(), sa), sg(gpu(), st0),
-        og(gpu(), M * nv), pqg(gpu(), M * nqk), pkg(gpu(), M * nqk), pgg(gpu(), M * Hv), pbg(gpu(), M * Hv);
+        og(gpu(), M * nv), pqg(gpu(), M * nqk), pkg(gpu(), M * nqk), pgg(gpu(), M * Hv), pbg(gpu(), M * Hv),
+        pvg(gpu(), M * nv);
     Buf<float> xc(cpu(), conv), ac(cpu(), a), bc(cpu(), b), dc(cpu(), dt), sac(cpu(), sa), sc(cpu(), st0),
-        oc(cpu(), M * nv), pqc(cpu(), M * nqk), pkc(cpu(), M * nqk), pgc(cpu(), M * Hv), pbc(cpu(), M * Hv);
-    const Backend::GdnPrepared prep_g{pqg, pkg, pgg, pbg}, prep_c{pqc, pkc, pgc, pbc};
+        oc(cpu(), M * nv), pqc(cpu(), M * nqk), pkc(cpu(), M * nqk), pgc(cpu(), M * Hv), pbc(cpu(), M * Hv),
+        pvc(cpu(), M * nv);
+    const Backend::GdnPrepared prep_g{pqg, pkg, pgg, pbg, pvg}, prep_c{pqc, pkc, pgc, pbc, pvc};
     gpu().gdn_prepare_recurrent(raw(xg, ag, bg, dg, sag), sg, og, &prep_g, M, s);
     cpu().gdn_prepare_recurrent(raw(xc, ac, bc, dc, sac), sc, oc, &prep_c, M, s);
     const auto out = og.get(), st = sg.get(), pq = pqg.get(), pk = pkg.get(), pg = pgg.get(), pb = pbg.get();
@@ -618,6 +620,7 @@ TEST(CudaOps, GdnPrepareRecurrent) {
     check("gdn_prepare_recurrent prepared k", shp, pk, pkc.get(), 1e-11, pkg.guard_ok());
     check("gdn_prepare_recurrent prepared g", shp, pg, pgc.get(), 1e-11, pgg.guard_ok());
     check("gdn_prepare_recurrent prepared beta", shp, pb, pbc.get(), 1e-11, pbg.guard_ok());
+    check("gdn_prepare_recurrent prepared v (packed copy)", shp, pvg.get(), pvc.get(), 0, pvg.guard_ok());
     {  // the inputs are read only
       const bool same = bits(xg.get(), conv) && bits(ag.get(), a) && bits(bg.get(), b);
       record({"gdn_prepare_recurrent inputs unchanged", shp, 0, 0, 0, same,
@@ -647,10 +650,9 @@ TEST(CudaOps, GdnPrepareRecurrent) {
               same ? "out + state + prepared memcmp equal" : "differs"});
       EXPECT_TRUE(same) << shp;
     }
-    {  // rollback's replay: gdn_recurrent over the prepared values and the packed v, from the same state
-      Buf<float> vg(gpu(), M * nv), s3(gpu(), st0), o3(gpu(), M * nv);
-      gpu().copy_rows(vg, nv, xg.get_ptr() + 2 * nqk, C, M, nv);
-      gpu().gdn_recurrent(pqg, pkg, vg, pgg, pbg, s3, o3, nullptr, M, s);
+    {  // rollback's replay: gdn_recurrent over the prepared values and v, from the same state
+      Buf<float> s3(gpu(), st0), o3(gpu(), M * nv);
+      gpu().gdn_recurrent(pqg, pkg, pvg, pgg, pbg, s3, o3, nullptr, M, s);
       const bool same = bits(s3.get(), st) && bits(o3.get(), out);
       record({"gdn_prepare_recurrent replay (gdn_recurrent on prepared)", shp, 0, 0, 0, same,
               same ? "state + out memcmp equal" : "differs"});

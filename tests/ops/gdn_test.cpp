@@ -239,8 +239,8 @@ TEST(CpuGdnPrepareRecurrent, EqualsOpSequenceBitForBit) {
 
         // the op, with and without `prepared`; the inputs stay as they were
         const auto conv_in = conv, qp_in = qp, kp_in = kp, vp_in = vp;
-        std::vector<float> pq(M * nqk), pk(M * nqk), pg(M * Hv), pb(M * Hv);
-        const Backend::GdnPrepared prep{pq.data(), pk.data(), pg.data(), pb.data()};
+        std::vector<float> pq(M * nqk), pk(M * nqk), pg(M * Hv), pb(M * Hv), pv(M * nv, -1.0f);
+        const Backend::GdnPrepared prep{pq.data(), pk.data(), pg.data(), pb.data(), pv.data()};
         std::vector<float> st = state0, out(M * nv, -1.0f);
         be->gdn_prepare_recurrent(in, st.data(), out.data(), &prep, M, s);
         EXPECT_TRUE(same_bits(out.data(), out_ref.data(), out.size())) << "out";
@@ -249,6 +249,14 @@ TEST(CpuGdnPrepareRecurrent, EqualsOpSequenceBitForBit) {
         EXPECT_TRUE(same_bits(pk.data(), k.data(), k.size())) << "prepared k";
         EXPECT_TRUE(same_bits(pg.data(), g.data(), g.size())) << "prepared g";
         EXPECT_TRUE(same_bits(pb.data(), beta.data(), beta.size())) << "prepared beta";
+        EXPECT_TRUE(same_bits(pv.data(), v.data(), v.size())) << "prepared v (the packed copy)";
+        {  // without prepared v: the same results
+          std::vector<float> pq4(M * nqk), pk4(M * nqk), pg4(M * Hv), pb4(M * Hv), st4 = state0, out4(M * nv);
+          const Backend::GdnPrepared p4{pq4.data(), pk4.data(), pg4.data(), pb4.data()};
+          be->gdn_prepare_recurrent(in, st4.data(), out4.data(), &p4, M, s);
+          EXPECT_TRUE(same_bits(out4.data(), out_ref.data(), out4.size()) && same_bits(pq4.data(), q.data(), q.size()))
+              << "prepared without v";
+        }
         std::vector<float> st2 = state0, out2(M * nv, -1.0f);
         be->gdn_prepare_recurrent(in, st2.data(), out2.data(), nullptr, M, s);
         EXPECT_TRUE(same_bits(out2.data(), out_ref.data(), out2.size())) << "out (no prepared)";
@@ -285,7 +293,8 @@ TEST(CpuGdnPrepareRecurrent, EqualsOpSequenceBitForBit) {
 
         // rollback's replay: gdn_recurrent over the prepared values (and v) gives the op's state
         std::vector<float> st3 = state0, out3(M * nv);
-        be->gdn_recurrent(pq.data(), pk.data(), v.data(), pg.data(), pb.data(), st3.data(), out3.data(), nullptr, M, s);
+        be->gdn_recurrent(pq.data(), pk.data(), pv.data(), pg.data(), pb.data(), st3.data(), out3.data(), nullptr, M,
+                          s);
         EXPECT_TRUE(same_bits(st3.data(), st.data(), st.size())) << "replayed state";
 
         // the lossless contract: M rows at once == one row at a time (state carried)

@@ -129,9 +129,12 @@ void CpuBackend::gdn_prepare_recurrent(const GdnRawInputs& in, float* state, flo
   std::memcpy(g, in.a, sz(M * Hv) * sizeof(float));
   std::memcpy(beta, in.b, sz(M * Hv) * sizeof(float));
   gdn_gates(g, beta, in.dt_bias, in.ssm_a, M, Hv);
-  std::vector<float> v_packed(in.v_stride == nv ? 0 : sz(M * nv));
+  std::vector<float> v_packed(in.v_stride == nv || (prepared && prepared->v) ? 0 : sz(M * nv));
   const float* v = in.v;
-  if (!v_packed.empty()) {
+  if (prepared && prepared->v) {
+    copy_rows(prepared->v, nv, in.v, in.v_stride, M, nv);
+    v = prepared->v;
+  } else if (!v_packed.empty()) {
     copy_rows(v_packed.data(), nv, in.v, in.v_stride, M, nv);
     v = v_packed.data();
   }

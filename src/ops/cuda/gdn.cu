@@ -37,6 +37,7 @@ struct RecurrentArgs {
   float* pk;
   float* pg;
   float* pbeta;
+  float* pv;  // kPrepare: null, or a packed copy of v [M, Hv*dv] (each CTA writes its own 32 columns)
   int64_t M;
   int Hk, Hv, dk, dv;
 };
@@ -92,6 +93,8 @@ __global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const Recur
       const int mm = t / 32, jj = t % 32;
       const int jc = blockIdx.y * 32 + jj;
       vs[mm][jj] = jc < dv ? v[(m0 + mm) * args.v_stride + static_cast<int64_t>(p) * dv + jc] : 0.0f;
+      if constexpr (kPrepare)
+        if (args.pv && jc < dv) args.pv[(m0 + mm) * static_cast<int64_t>(Hv) * dv + static_cast<int64_t>(p) * dv + jc] = vs[mm][jj];
     }
     if (threadIdx.x < rows) {
       const int64_t gi = (m0 + threadIdx.x) * Hv + p;
@@ -222,7 +225,8 @@ void launch_gdn_recurrent(const float* q, const float* k, const float* v, const 
 void launch_gdn_prepare_recurrent(const float* q, int64_t q_stride, const float* k, int64_t k_stride, const float* v,
                                   int64_t v_stride, const float* a, const float* b, const float* dt_bias,
                                   const float* ssm_a, float eps, float q_scale, float* state, float* out,
-                                  float* prep_q, float* prep_k, float* prep_g, float* prep_beta, int64_t M,
+                                  float* prep_q, float* prep_k, float* prep_g, float* prep_beta, float* prep_v,
+                                  int64_t M,
                                   int64_t n_k_heads, int64_t n_v_heads, int64_t head_k, int64_t head_v,
                                   cudaStream_t s) {
   RecurrentArgs r{};
@@ -231,7 +235,7 @@ void launch_gdn_prepare_recurrent(const float* q, int64_t q_stride, const float*
   r.g = a, r.beta = b, r.dt_bias = dt_bias, r.ssm_a = ssm_a;
   r.eps = eps, r.q_scale = q_scale;
   r.state = state, r.out = out, r.snapshots = nullptr;
-  r.pq = prep_q, r.pk = prep_k, r.pg = prep_g, r.pbeta = prep_beta;
+  r.pq = prep_q, r.pk = prep_k, r.pg = prep_g, r.pbeta = prep_beta, r.pv = prep_v;
   r.M = M;
   r.Hk = static_cast<int>(n_k_heads), r.Hv = static_cast<int>(n_v_heads);
   r.dk = static_cast<int>(head_k), r.dv = static_cast<int>(head_v);
