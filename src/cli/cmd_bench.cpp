@@ -294,8 +294,8 @@ void bench(const BenchArgs& a) {
   // ---- spec
   if (drafter) {
     std::vector<double> rates, taus, draft_ms, verify_ms;
-    // reps runs for the speed (the host waits once per cycle), then one with timed phases (a wait
-    // after each draft too) for the split of a cycle into draft and verify time.
+    // reps runs for the speed (the host waits once per cycle), then one with timed phases (waits
+    // around each draft too) for the split of a cycle into draft and verify time.
     for (int r = 0; r <= a.reps; ++r) {
       Engine engine(*model, drafter.get());
       engine.reset();

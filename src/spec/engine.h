@@ -28,9 +28,10 @@ struct GenerateOptions {
   // temperature > 0 samples; speculative sampling then accepts a draft with the target's probability
   // of it, so its output is distributed as plain sampling's (the same seed gives other tokens).
   SamplingParams sampling;
-  // Wait for the backend after each draft so that draft_seconds and verify_seconds split a cycle's
-  // time. Off, a device-resident cycle (greedy, drafter on the target's backend) waits only for the
-  // verify, and draft_seconds counts only the host's time to enqueue the draft.
+  // Wait for the backend before and after each draft so that draft_seconds and verify_seconds split
+  // a cycle's time (the rollback and context appends land in other_seconds). Off, a device-resident
+  // cycle (greedy, drafter on the target's backend) waits only for the verify, and draft_seconds
+  // counts only the host's time to enqueue the draft.
   bool time_phases = false;
 };
 

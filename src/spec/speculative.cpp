@@ -85,6 +85,8 @@ void Engine::generate_speculative(int32_t anchor, const GenerateOptions& opts, c
       block.assign(1, anchor);
       ForwardResult r;
       if (on_device && w >= 2) {
+        // timed phases: the previous cycle's rollback and appends finish first (they count as other)
+        if (opts.time_phases) target_.backend().synchronize();
         const auto t0 = Clock::now();
         const int32_t* d_block = dr.draft_device(anchor);  // enqueued, not waited for
         if (opts.time_phases) target_.backend().synchronize();
