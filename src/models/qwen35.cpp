@@ -615,8 +615,8 @@ ForwardResult Qwen35Model::run_forward(int64_t M, const ForwardOptions& opts, bo
 
   ForwardResult res;
   const int64_t rows = opts.logits != LogitRows::kNone ? M - first : 0;
-  if (tokens_back) {  // ids and argmax in one download (d_argmax_ follows d_ids_)
-    const int64_t R = d_argmax_ - d_ids_;
+  if (tokens_back) {  // ids and argmax in one download (d_argmax_ = d_ids_ + max_rows_)
+    const int64_t R = max_rows_;
     std::vector<int32_t> io(static_cast<size_t>(R + rows));
     be_.download(io.data(), d_ids_, io.size() * sizeof(int32_t));
     res.tokens.assign(io.begin(), io.begin() + M);

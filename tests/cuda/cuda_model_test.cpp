@@ -92,6 +92,20 @@ std::vector<int32_t> random_tokens(size_t n, uint32_t seed, int32_t vocab) {
   return t;
 }
 
+// Row-wise comparison of two [rows, V] logit blocks: worst = max(worst, each row's NMSE), finite
+// cleared by a non-finite value (or a size mismatch).
+void worst_row_diff(const std::vector<float>& got, const std::vector<float>& ref, int64_t V, double& worst,
+                    bool& finite) {
+  finite = finite && got.size() == ref.size();
+  for (size_t m = 0; (m + 1) * V <= got.size() && (m + 1) * V <= ref.size(); ++m) {
+    const std::vector<float> a(got.begin() + m * V, got.begin() + (m + 1) * V);
+    const std::vector<float> b(ref.begin() + m * V, ref.begin() + (m + 1) * V);
+    const Diff d = diff(a, b);
+    worst = std::max(worst, d.nmse);
+    finite = finite && d.non_finite == 0;
+  }
+}
+
 class CudaModel : public ::testing::TestWithParam<Case> {
  protected:
   std::string path() {
@@ -116,13 +130,7 @@ TEST_P(CudaModel, LogitsCloseToCpu) {
   const int64_t V = g.model->config().n_vocab;
   double worst = 0;
   bool finite = true;
-  for (size_t m = 0; m < block.size(); ++m) {
-    const std::vector<float> a(rg.logits.begin() + m * V, rg.logits.begin() + (m + 1) * V);
-    const std::vector<float> b(rc.logits.begin() + m * V, rc.logits.begin() + (m + 1) * V);
-    const Diff d = diff(a, b);
-    worst = std::max(worst, d.nmse);
-    finite = finite && d.non_finite == 0;
-  }
+  worst_row_diff(rg.logits, rc.logits, V, worst, finite);
   int argmax_same = 0;
   for (size_t m = 0; m < block.size(); ++m) argmax_same += rg.argmax[m] == rc.argmax[m];
   const bool pass = finite && worst <= 1e-6;
@@ -152,13 +160,7 @@ TEST_P(CudaModel, PrefillChunkLogitsCloseToCpu) {
   const auto block = random_tokens(8, 4, 500);
   const ForwardResult rg = g.model->forward(block, all), rc = c.model->forward(block, all);
   const int64_t V = g.model->config().n_vocab;
-  for (size_t m = 0; m < block.size(); ++m) {
-    const std::vector<float> a(rg.logits.begin() + m * V, rg.logits.begin() + (m + 1) * V);
-    const std::vector<float> b(rc.logits.begin() + m * V, rc.logits.begin() + (m + 1) * V);
-    const Diff d = diff(a, b);
-    worst = std::max(worst, d.nmse);
-    finite = finite && d.non_finite == 0;
-  }
+  worst_row_diff(rg.logits, rc.logits, V, worst, finite);
   const bool pass = finite && worst <= 1e-4;
   record({"model logits after a prefill chunk " + case_name(GetParam()), "100-row chunk + 8 rows", worst, 0, 1e-4,
           pass, "worst row NMSE (last prompt row and 8 verify rows)"});

@@ -169,6 +169,18 @@ class ReplayGraphBackend final : public Backend {
   std::shared_ptr<std::vector<std::function<void()>>> recording_;
 };
 
+// A tiny synthetic target + drafter written under `tag`: {target path, drafter path, target spec}.
+struct PairFiles {
+  std::string tp, dp;
+  SynthTargetSpec ts;
+};
+PairFiles synth_pair(const std::string& tag) {
+  PairFiles f{temp_path(tag + "_target.gguf"), temp_path(tag + "_drafter.gguf"), tiny_target()};
+  synth_target(f.ts, f.tp);
+  synth_drafter(tiny_drafter(f.ts), f.dp);
+  return f;
+}
+
 Pair load_replay_pair(const std::string& tp, const std::string& dp, int64_t max_rows, ReplayGraphBackend*& be) {
   Pair p;
   auto rb = std::make_unique<ReplayGraphBackend>();
@@ -188,13 +200,11 @@ Pair load_replay_pair(const std::string& tp, const std::string& dp, int64_t max_
 
 // Plain and speculative generation through replayed graphs == plain generation on the CPU backend.
 TEST(GraphReplay, StepsFromRecordingsMatchDirectRuns) {
-  const std::string tp = temp_path("replay_target.gguf"), dp = temp_path("replay_drafter.gguf");
-  const SynthTargetSpec ts = tiny_target();
-  synth_target(ts, tp);
-  synth_drafter(tiny_drafter(ts), dp);
-  Pair ref = load_pair(tp, dp, 8);
+  const PairFiles f = synth_pair("replay");
+  const SynthTargetSpec& ts = f.ts;
+  Pair ref = load_pair(f.tp, f.dp, 8);
   ReplayGraphBackend* rb = nullptr;
-  Pair rep = load_replay_pair(tp, dp, 8, rb);
+  Pair rep = load_replay_pair(f.tp, f.dp, 8, rb);
   Engine plain_ref(*ref.target);
   Engine plain_rep(*rep.target);
   Engine spec_rep(*rep.target, rep.drafter.get());
@@ -229,13 +239,11 @@ TEST(GraphReplay, StepsFromRecordingsMatchDirectRuns) {
 // rollback graphs): the same drafts and the same argmax, step for step. (Speculative output is the
 // plain output whatever the drafter proposes, so the test above cannot see a drafter-side fault.)
 TEST(GraphReplay, DrafterAndRollbackInLockstep) {
-  const std::string tp = temp_path("replay2_target.gguf"), dp = temp_path("replay2_drafter.gguf");
-  const SynthTargetSpec ts = tiny_target();
-  synth_target(ts, tp);
-  synth_drafter(tiny_drafter(ts), dp);
-  Pair ref = load_pair(tp, dp, 8);
+  const PairFiles f = synth_pair("replay2");
+  const SynthTargetSpec& ts = f.ts;
+  Pair ref = load_pair(f.tp, f.dp, 8);
   ReplayGraphBackend* rb = nullptr;
-  Pair rep = load_replay_pair(tp, dp, 8, rb);
+  Pair rep = load_replay_pair(f.tp, f.dp, 8, rb);
   const DrafterConfig& dc = ref.drafter->config();
   const int64_t width = dc.n_taps() * dc.n_embd;
   std::mt19937_64 rng(5);

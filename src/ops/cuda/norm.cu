@@ -128,6 +128,27 @@ __global__ void gdn_gates_kernel(float* a, float* b, const float* dt_bias, const
 
 // One thread per channel, rows in order; the last K-1 inputs in a register window (K <= kMaxK).
 constexpr int kMaxK = 16;
+
+// One row of a channel: silu(sum_{j<H} w[j] * win[j] + w[H] * xin) in that order, then the window
+// moves on by xin. Both conv kernels use it, so they give the same bits.
+__device__ __forceinline__ float conv_step(float (&win)[kMaxK], const float (&wc)[kMaxK], int H, float xin) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxK; ++j)
+    if (j < H) acc += wc[j] * win[j];
+  float wl = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxK; ++j)
+    if (j == H) wl = wc[j];
+  acc += wl * xin;
+#pragma unroll
+  for (int j = 0; j + 1 < kMaxK; ++j)
+    if (j + 1 < H) win[j] = win[j + 1];
+#pragma unroll
+  for (int j = 0; j < kMaxK; ++j)
+    if (j == H - 1) win[j] = xin;
+  return silu_f(acc);
+}
 template <int kK>
 __global__ void gdn_conv_kernel(const float* x, float* state, const float* __restrict__ w, float* y, int64_t M,
                                 int64_t C, int K_rt) {
@@ -144,23 +165,7 @@ __global__ void gdn_conv_kernel(const float* x, float* state, const float* __res
     wc[j] = (j < K) ? w[c * K + j] : 0.0f;
   }
   for (int64_t m = 0; m < M; ++m) {
-    const float xin = x[m * C + c];
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j < H) acc += wc[j] * win[j];
-    float wl = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j == H) wl = wc[j];
-    acc += wl * xin;
-#pragma unroll
-    for (int j = 0; j + 1 < kMaxK; ++j)
-      if (j + 1 < H) win[j] = win[j + 1];
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j == H - 1) win[j] = xin;
-    y[m * C + c] = silu_f(acc);
+    y[m * C + c] = conv_step(win, wc, H, x[m * C + c]);
   }
 #pragma unroll
   for (int j = 0; j < kMaxK; ++j)
@@ -192,23 +197,7 @@ __global__ void gdn_conv_rows_kernel(const float* x, const float* state, const f
     wc[j] = (j < K) ? w[c * K + j] : 0.0f;
   }
   for (int64_t m = m0; m < m1; ++m) {
-    const float xin = x[m * C + c];
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j < H) acc += wc[j] * win[j];
-    float wl = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j == H) wl = wc[j];
-    acc += wl * xin;
-#pragma unroll
-    for (int j = 0; j + 1 < kMaxK; ++j)
-      if (j + 1 < H) win[j] = win[j + 1];
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j == H - 1) win[j] = xin;
-    y[m * C + c] = silu_f(acc);
+    y[m * C + c] = conv_step(win, wc, H, x[m * C + c]);
   }
 }
 // state = the last K-1 input rows (M >= K-1).
