@@ -4,7 +4,7 @@
 # Two halves, because the GPU machine builds nothing (nvcc is slow; the build machine has it):
 #
 #   scripts/gpu_test.sh --stage
-#       on the build machine: builds test_cuda, bench_cuda_ops and dflash in build-cuda (Release,
+#       on the build machine: builds test_cuda, bench_cuda_ops and dflash in build-cuda (or $BUILD) (Release,
 #       -j${JOBS:-2}) and stages them with their non-system shared libraries (libfmt, libutf8proc)
 #       in build-cuda/gpu/ and its compressed copy build-cuda/gpu.tgz (ignored by git; carry the .tgz to
 #       the GPU machine: the folder plus the tree pass the device tool's 64 MiB carry limit).
@@ -28,16 +28,18 @@
 # Through the device tool:  run(command="bash scripts/gpu_test.sh", carry=["build-cuda/gpu.tgz"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
-G=build-cuda/gpu
+# BUILD names the build folder (default build-cuda): concurrent engineers each stage their own.
+BD=${BUILD:-build-cuda}
+G=$BD/gpu
 
 if [ "${1:-}" = "--stage" ]; then
   set -e
-  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-  ninja -C build-cuda -j "${JOBS:-2}" test_cuda bench_cuda_ops
+  cmake -S . -B $BD -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  ninja -C $BD -j "${JOBS:-2}" test_cuda bench_cuda_ops
   rm -rf "$G" && mkdir -p "$G/lib"
-  cp build-cuda/tests/cuda/test_cuda build-cuda/tests/cuda/bench_cuda_ops "$G/"
+  cp $BD/tests/cuda/test_cuda $BD/tests/cuda/bench_cuda_ops "$G/"
   # dflash (for `dflash synth` of the 27B file) is optional: the tree may be mid-edit elsewhere
-  if ninja -C build-cuda -j "${JOBS:-2}" dflash; then cp build-cuda/dflash "$G/"; else echo "warning: dflash not built"; fi
+  if ninja -C $BD -j "${JOBS:-2}" dflash; then cp $BD/dflash "$G/"; else echo "warning: dflash not built"; fi
   for b in "$G"/test_cuda "$G"/bench_cuda_ops "$G"/dflash; do
     [ -f "$b" ] || continue
     ldd "$b" | awk '/=> \// {print $3}' | grep -E 'libfmt|libutf8proc|libgtest|libbenchmark|httplib' || true
@@ -47,8 +49,8 @@ if [ "${1:-}" = "--stage" ]; then
   du -sh "$G"
   # The tree (with the bundled models) and gpu/ together pass the device tool's 64 MiB carry limit:
   # carry the compressed copy (~22 MB) instead; the GPU-side run unpacks it.
-  tar czf build-cuda/gpu.tgz -C build-cuda gpu
-  du -sh build-cuda/gpu.tgz
+  tar czf $BD/gpu.tgz -C $BD gpu
+  du -sh $BD/gpu.tgz
   exit 0
 fi
 
@@ -72,7 +74,7 @@ done
 OUT=${OUT:-$PWD/out-gpu}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$G/lib:${LD_LIBRARY_PATH:-}"
-[ -x "$G/test_cuda" ] || [ ! -f build-cuda/gpu.tgz ] || tar xzf build-cuda/gpu.tgz -C build-cuda
+[ -x "$G/test_cuda" ] || [ ! -f $BD/gpu.tgz ] || tar xzf $BD/gpu.tgz -C $BD
 [ -x "$G/test_cuda" ] || { echo "no $G/test_cuda: run scripts/gpu_test.sh --stage first and carry $G" >&2; exit 2; }
 {
   echo "commit: $(cat $G/COMMIT | tr '\n' ' ')"
