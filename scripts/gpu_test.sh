@@ -18,7 +18,7 @@
 #       (`dflash synth-drafter --preset qwen38-27b`) and runs `dflash bench --device cuda` on the pair
 #       (extra bench options in $DBENCH_ARGS).
 #       --sass NAME writes the opcode histogram of the kernels whose name contains NAME
-#       (tools/sass_opcodes.py; e.g. --sass mm_ternary_kernel).
+#       (tools/sass_opcodes.py; e.g. --sass mm_mma_kernel).
 #       --profile-step TYPE profiles one decode step of that 27B target with ncu and writes the
 #       per-kernel breakdown (tools/ncu_step_breakdown.py) to $OUT/step_breakdown_TYPE.md;
 #       --profile-verify TYPE does the same for one 8-row verify step, --profile-prefill TYPE for one

@@ -3,7 +3,7 @@
 
 Usage: cuobjdump -sass BINARY | python3 tools/sass_opcodes.py NAME_PART > sass_NAME.txt
 
-Takes every function whose mangled name contains NAME_PART (e.g. mm_ternary_kernel), prints its
+Takes every function whose mangled name contains NAME_PART (e.g. mm_mma_kernel), prints its
 instruction count and the count per opcode (the part before the first '.'), most frequent first.
 Use it to check a kernel's instructions per unit of work against the estimate in its comments.
 """

@@ -351,10 +351,10 @@ void DFlashDrafter::append_chunk(const float* taps, bool on_device, int64_t rows
     be_.matmul(fc_, taps_, c_, rows);  // [rows, E]
     be_.rms_norm(c_, enc_norm_, c_, rows, E, cfg_.rms_eps);
     for (Layer& w : layers_) {
-      be_.matmul(w.wk, c_, kb_, rows);
+      const Backend::MatmulOut kv[] = {{&w.wk, kb_}, {&w.wv, vb_}};
+      be_.matmul_group(kv, c_, rows);
       be_.rms_norm(kb_, w.k_norm, kb_, rows * cfg_.n_head_kv, hd, cfg_.rms_eps);
       be_.rope_neox(kb_, d_pos_, rows, cfg_.n_head_kv, hd, cfg_.n_rot, cfg_.rope_theta);
-      be_.matmul(w.wv, c_, vb_, rows);
       be_.scatter_rows(w.k, kvw, cap_ + B, d_ctx_slot_, kb_, kvw, rows, kvw);
       be_.scatter_rows(w.v, kvw, cap_ + B, d_ctx_slot_, vb_, kvw, rows, kvw);
     }
@@ -501,9 +501,9 @@ void DFlashDrafter::draft_ops() {
       be_.dflash_conv(n_, w.attn_conv_base, dyn_, P2, nullptr, u_, B, E, K, cfg_.conv_group);
       ain = u_;
     }
-    be_.matmul(w.wq, ain, q_, B);
-    be_.matmul(w.wk, ain, kb_, B);
-    be_.matmul(w.wv, ain, vb_, B);
+    // q, k, v share their input: one launch where the backend can (same values as three matmuls)
+    const Backend::MatmulOut qkv[] = {{&w.wq, q_}, {&w.wk, kb_}, {&w.wv, vb_}};
+    be_.matmul_group(qkv, ain, B);
     be_.rms_norm(q_, w.q_norm, q_, B * H, hd, cfg_.rms_eps);
     be_.rms_norm(kb_, w.k_norm, kb_, B * Hkv, hd, cfg_.rms_eps);
     be_.rope_neox(q_, d_pos_, B, H, hd, cfg_.n_rot, cfg_.rope_theta);
@@ -525,8 +525,8 @@ void DFlashDrafter::draft_ops() {
       be_.dflash_conv(n_, w.ffn_conv_base, dyn_, P2, nullptr, u_, B, E, K, cfg_.conv_group);
       fin = u_;
     }
-    be_.matmul(w.ffn_gate, fin, gate_, B);
-    be_.matmul(w.ffn_up, fin, up_, B);
+    const Backend::MatmulOut gate_up[] = {{&w.ffn_gate, gate_}, {&w.ffn_up, up_}};
+    be_.matmul_group(gate_up, fin, B);
     be_.swiglu(gate_, up_, gate_, B * cfg_.n_ff);
     be_.matmul(w.ffn_down, gate_, o_, B);
     if (K > 0)

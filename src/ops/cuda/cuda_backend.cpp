@@ -68,6 +68,9 @@ class CudaBackend final : public Backend {
     // Matmul-input chains (norm or SwiGLU, rotation, quantization) as one kernel (chain.cu);
     // DFLASH_CUDA_CHAIN=0 runs the separate kernels (for comparison).
     chain_ = env_flag("DFLASH_CUDA_CHAIN", true);
+    // Q4_K / Q6_K layout: integer tensor cores (default), or DFLASH_CUDA_KQUANT_MMA=0 for the file's
+    // blocks and the CUDA-core dequantize-and-fma kernel (kept for comparison).
+    kquant_mma_ = env_flag("DFLASH_CUDA_KQUANT_MMA", true);
   }
 
   ~CudaBackend() override {
@@ -178,6 +181,23 @@ class CudaBackend final : public Backend {
       dw.scales = reinterpret_cast<const uint16_t*>(buf + scale_off);
       dw.layout = cuda::Layout::kTernaryMma;
       weight_bytes_[buf] = total;
+    } else if (kquant_mma_ && cuda::kquant_mma_supported(static_cast<int>(type), in)) {
+      // Q4_K / Q6_K: transcoded on the device to the tensor-core layout (matmul_kquant.cu)
+      const size_t code_bytes = cuda::kquant_code_bytes(static_cast<int>(type), in, out);
+      const size_t scale_off = (code_bytes + 255) / 256 * 256;
+      const size_t total = scale_off + cuda::kquant_scale_bytes(in, out);
+      uint8_t* buf = static_cast<uint8_t*>(device_alloc(total, "weight"));
+      void* raw = device_alloc(file_bytes, "weight staging");
+      DFLASH_CUDA_CALL(cudaMemcpyAsync(raw, host_data, file_bytes, cudaMemcpyHostToDevice, stream_));
+      cuda::launch_to_kquant_mma(static_cast<const uint8_t*>(raw), static_cast<int>(type), buf, buf + scale_off, in,
+                                 out, stream_);
+      after("upload_weight transcode");
+      DFLASH_CUDA_CALL(cudaStreamSynchronize(stream_));
+      DFLASH_CUDA_CALL(cudaFree(raw));
+      dw.data = buf;
+      dw.scales = reinterpret_cast<const uint16_t*>(buf + scale_off);
+      dw.layout = cuda::Layout::kKQuantMma;
+      weight_bytes_[buf] = total;
     } else {
       uint8_t* buf = static_cast<uint8_t*>(device_alloc(file_bytes, "weight"));
       // On the backend's stream (a non-blocking stream is not ordered after plain cudaMemcpy), then
@@ -208,14 +228,17 @@ class CudaBackend final : public Backend {
   }
   int64_t prefill_rows() const override { return 512; }
   void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t M) override {
-    // One launch when every weight is in the ternary tensor-core layout with the same input width.
+    // One launch when every weight is in one tensor-core layout (ternary, or K-quant of one type) with the
+    // same input width.
     const cuda::DevWeight* ws[cuda::kTernaryMaxGroup];
     float* ys[cuda::kTernaryMaxGroup];
     cuda::DevWeight dws[cuda::kTernaryMaxGroup];
     bool one_launch = outs.size() >= 2 && outs.size() <= static_cast<size_t>(cuda::kTernaryMaxGroup);
     for (size_t i = 0; one_launch && i < outs.size(); ++i) {
       dws[i] = dev_weight(*outs[i].w, "matmul_group");
-      one_launch = dws[i].layout == cuda::Layout::kTernaryMma && dws[i].in == dws[0].in;
+      const bool mma = dws[i].layout == cuda::Layout::kTernaryMma ||
+                       (dws[i].layout == cuda::Layout::kKQuantMma && dws[i].type == dws[0].type);
+      one_launch = mma && dws[i].layout == dws[0].layout && dws[i].in == dws[0].in;
       ws[i] = &dws[i];
       ys[i] = outs[i].y;
     }
@@ -226,7 +249,10 @@ class CudaBackend final : public Backend {
     const int n = static_cast<int>(outs.size());
     const cuda::TernaryScratch need = cuda::ternary_scratch(dws[0].in, M);
     cuda::TernaryBuffers buf = matmul_buffers(need, x, M, dws[0].in);
-    cuda::launch_matmul_ternary_group(ws, ys, n, x, M, buf, num_sms_, stream_);
+    if (dws[0].layout == cuda::Layout::kKQuantMma)
+      cuda::launch_matmul_kquant_group(ws, ys, n, x, M, buf, num_sms_, stream_);
+    else
+      cuda::launch_matmul_ternary_group(ws, ys, n, x, M, buf, num_sms_, stream_);
     xq_ = XqKey{x, M, dws[0].in, buf.xq, true};
     for (int i = 0; i < n; ++i) note_write(ys[i], sizeof(float) * M * dws[i].out);
     after("matmul");
@@ -531,6 +557,7 @@ class CudaBackend final : public Backend {
     if (it == weights_.end()) return "blocks (raw)";
     switch (it->second.layout) {
       case cuda::Layout::kTernaryMma: return "ternary-mma";
+      case cuda::Layout::kKQuantMma: return "kquant-mma";
       case cuda::Layout::kPlanar2: return "planar-2bit";
       default: return "blocks";
     }
@@ -675,6 +702,7 @@ class CudaBackend final : public Backend {
   bool graphs_ = true;
   bool ternary_mma_ = true;
   bool chain_ = true;
+  bool kquant_mma_ = true;
   bool capturing_ = false;
 };
 

@@ -20,6 +20,8 @@ enum class Layout : int {
                     // order of matmul.cu (mm_planar2), then fp16 scales [out][in/128]
   kTernaryMma = 1,  // ternary 2-bit codes (value = (code - 1) * d) in the tensor-core fragment order of
                     // matmul_ternary.cu: codes [Np/16][in/128][16][32 B], fp16 scales [Np/16][in/128][16]
+  kKQuantMma = 3,   // Q4_K / Q6_K in the tensor-core fragment order of matmul_kquant.cu: codes
+                    // [Np/16][in/128][1 or 2 KB], scales [Np/16][in/128][16 rows][12 B]
 };
 
 // Rows of a kTernaryMma weight on the device: out padded to a multiple of 16 (one mma tile).
@@ -27,7 +29,7 @@ inline int64_t padded_rows(int64_t out) { return (out + 15) / 16 * 16; }
 
 struct DevWeight {
   const uint8_t* data = nullptr;     // kBlocks: rows; kPlanar2, kTernaryMma: codes
-  const uint16_t* scales = nullptr;  // kPlanar2, kTernaryMma: fp16 d per 128 elements
+  const uint16_t* scales = nullptr;  // kPlanar2, kTernaryMma: fp16 d per 128 elements; kKQuantMma: records
   int type = 0;                    // GgmlType id of the FILE (for kBlocks: the block format)
   Layout layout = Layout::kBlocks;
   int64_t in = 0, out = 0;
@@ -82,6 +84,19 @@ void launch_matmul_ternary_group(const DevWeight* const* ws, float* const* ys, i
 void launch_matmul_ternary(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf,
                            int num_sms, cudaStream_t s);
 void launch_get_rows_ternary(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s);
+// ---- Q4_K / Q6_K on tensor cores (matmul_kquant.cu) -----------------------------------------------------
+// True for the types and shapes the kKQuantMma layout takes (Q4_K, Q6_K with in % 256 == 0).
+bool kquant_mma_supported(int type, int64_t in);
+size_t kquant_code_bytes(int type, int64_t in, int64_t out);
+size_t kquant_scale_bytes(int64_t in, int64_t out);
+// The file's Q4_K / Q6_K blocks (out rows on the device) -> kKQuantMma codes + scales.
+void launch_to_kquant_mma(const uint8_t* src, int type, uint8_t* codes, uint8_t* scales, int64_t in, int64_t out,
+                          cudaStream_t s);
+// Up to kTernaryMaxGroup kKQuantMma weights of ONE type sharing the input x (the same activation
+// scratch as the ternary kernel: ternary_scratch(in, M)); rows bit-identical to single-row calls.
+void launch_matmul_kquant_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
+                                const TernaryBuffers& buf, int num_sms, cudaStream_t s);
+void launch_get_rows_kquant(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s);
 
 // ---- norms and elementwise (norm.cu) --------------------------------------------------------------
 void launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, cudaStream_t s);

@@ -730,7 +730,8 @@ bool matmul_supported(int type) {
 }
 
 TernaryScratch matmul_scratch(const DevWeight& w, int64_t M) {
-  return w.layout == Layout::kTernaryMma ? ternary_scratch(w.in, M) : TernaryScratch{};
+  return w.layout == Layout::kTernaryMma || w.layout == Layout::kKQuantMma ? ternary_scratch(w.in, M)
+                                                                            : TernaryScratch{};
 }
 
 void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf, int num_sms,
@@ -738,6 +739,12 @@ void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, cons
   if (M <= 0 || w.out <= 0) return;
   if (w.layout == Layout::kTernaryMma) {
     launch_matmul_ternary(w, x, y, M, buf, num_sms, s);
+    return;
+  }
+  if (w.layout == Layout::kKQuantMma) {
+    const DevWeight* one[1] = {&w};
+    float* const ys[1] = {y};
+    launch_matmul_kquant_group(one, ys, 1, x, M, buf, num_sms, s);
     return;
   }
   // M rows in grid.y tiles: the largest grid.y is 65535 tiles of 8 rows; larger M goes in slices.
@@ -785,6 +792,10 @@ void launch_get_rows(const DevWeight& w, const int32_t* ids, float* y, int64_t M
   if (M <= 0) return;
   if (w.layout == Layout::kTernaryMma) {
     launch_get_rows_ternary(w, ids, y, M, s);
+    return;
+  }
+  if (w.layout == Layout::kKQuantMma) {
+    launch_get_rows_kquant(w, ids, y, M, s);
     return;
   }
   if (w.layout == Layout::kPlanar2) {

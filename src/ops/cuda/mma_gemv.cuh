@@ -1,0 +1,486 @@
+// Small-M matmul on the integer tensor cores (M <= 8 activation rows per CTA): the pipeline shared by
+// the weight formats that feed mma.sync with byte codes. matmul_ternary.cu (PQ2_0, PTQ1_0) and
+// matmul_kquant.cu (Q4_K, Q6_K) each define a format (its device layout and its block_compute) and
+// instantiate mm_mma_kernel<Format, ...> here; everything about activations, staging, the k split and
+// the reduction is common.
+//
+// Activations (shared by every format): quantize_x24_kernel writes, per (row, block of 128 inputs), a
+// 24-bit block floating point: u = rint(x * 2^(16 - E)) with 2^E the power of two that puts the block's
+// largest |x| in [32, 64), so |u| < 2^22 and the rounding error is <= 2^-23 of the block's largest |x|
+// (fp32 level). u is split into three signed bytes, u = 65536 u0 + 256 u1 + u2 (the digit planes),
+// stored in mma B-fragment order (lane-quad position t's 8 words: word 2j + h holds the bytes
+// k = 32 j + 16 h + 4 t + e, e = 0..3), with meta (S0, S1, S2, 2^(E-16)): the plane sums and the scale.
+// Integer products of weight codes and digits are exact and order-free; a format's block_compute
+// turns them into floats in a fixed order per (weight row, activation row), so nothing depends on M.
+//
+// Columns of the mma's B (n = 8 per n-tile): the 3 digit planes of the activation rows, column
+// c = R p + m for plane p of row m (R = 2, 4 or 8 rows per plane group, NT = ceil(3R / 8) n-tiles).
+// One or two activation rows (decode) fill one n-tile. Lane quad position t < R / 2 owns rows
+// m = 2t, 2t + 1 (D's columns 2t, 2t + 1): gather_planes() brings it the 3 plane sums of its rows (its
+// own n-tiles, or through a shuffle from lane t + 1 or t + 2 of the quad), so the float steps of a row
+// are the same for every R and M.
+//
+// Work split: a CTA (4 warps) owns 4 tiles (64 weight rows) x 8 activation rows x a k-range; warp w
+// takes blocks b_lo + w, + 4, ... of it in order; the 4 warp sums are added in warp order; with a k
+// split over CTAs (ks <= 8, a function of the weights' shapes and the GPU, never of M) the ks CTAs of a
+// (tile, rows) pair form one thread-block cluster, and CTA 0 of the cluster adds the ks partial sums in
+// split order, reading them from the others' shared memory (no global round trip, no atomics). A
+// launch may cover up to 4 weights of one format that share the input (matmul_group), each weight's
+// tiles a range of grid.x. Each warp streams its blocks through a cp.async ring in shared memory, so
+// the next blocks' loads are in flight while one computes.
+//
+// A format F provides:
+//   kCodeBytes, kScaleBytes  bytes of one 16-row tile's block of 128 inputs (multiples of 16; codes a
+//                            multiple of 512): the device layout is codes [tiles][nblk][kCodeBytes],
+//                            scales [tiles][nblk][kScaleBytes]
+//   kMinBlocks               CTAs per SM for __launch_bounds__ (caps the registers)
+//   kWave                    CTAs per SM the k split aims at (one wave; what its shared-memory ring allows)
+//   kStagesNarrow, kStagesWide   ring depth up to 4 activation rows, and beyond
+//   block_compute<R>(stage, mc, g, t, lc, acc)   one staged block: acc[i][jj] += the block's part of
+//                            (weight row g / g + 8 of tile i) x (activation row 2t / 2t + 1), jj as D.
+#pragma once
+#include <algorithm>
+#include <cstdlib>
+
+#include <cooperative_groups.h>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/kernels.h"
+
+namespace dflash::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kTilesPerCta = 4;    // 16-row tiles per CTA (64 weight rows)
+constexpr int kWarpsPerCta = 4;    // warps per CTA, splitting the CTA's blocks
+constexpr int kCols = 8;           // activation rows per CTA (the n of the mma)
+constexpr int kXqBytes = 3 * 128;  // one (row, block) of quantized activations: 3 digit planes
+constexpr int kXqMeta = 16;        // and its S0, S1, S2, 2^(E-16)
+
+// ---- activation quantizer: one CTA of 128 threads per (row, block) ---------------------------------
+// xq: [M][nblk] records of 3 digit planes, each in B-fragment order (lane-quad t's 8 words: word
+// 2j + h holds bytes k = 32 j + 16 h + 4 t + e), then meta [M][nblk] = (S0, S1, S2, float 2^(E-16)).
+
+__global__ void __launch_bounds__(128) quantize_x24_kernel(const float* __restrict__ x, int64_t K, int nblk,
+                                                           uint8_t* __restrict__ xq, int32_t* __restrict__ meta) {
+  pdl_wait();
+  __shared__ float smax[4];
+  __shared__ int ssum[3][4];
+  const int k = threadIdx.x, lane = k & 31, warp = k >> 5;
+  const int b = blockIdx.x;
+  const int64_t m = blockIdx.y;
+  const float v = x[m * K + static_cast<int64_t>(b) * 128 + k];
+  float amax = fabsf(v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (lane == 0) smax[warp] = amax;
+  __syncthreads();
+  amax = fmaxf(fmaxf(smax[0], smax[1]), fmaxf(smax[2], smax[3]));
+  int ex = 0;
+  if (amax > 0.0f && isfinite(amax)) frexpf(amax, &ex);  // amax = f 2^ex, f in [0.5, 1)
+  const int E = ex - 6;                                   // |x| / 2^E < 64
+  const int u = __float2int_rn(ldexpf(v, 16 - E));         // |u| < 2^22, exact product
+  const int d2 = static_cast<int8_t>(u & 0xff);
+  const int u1 = (u - d2) >> 8;
+  const int d1 = static_cast<int8_t>(u1 & 0xff);
+  const int d0 = (u1 - d1) >> 8;  // |d0| <= 64
+  const int j = k >> 5, h = (k >> 4) & 1, t = (k >> 2) & 3, e = k & 3;
+  uint8_t* rec = xq + (m * nblk + b) * kXqBytes + t * 32 + (2 * j + h) * 4 + e;
+  rec[0] = static_cast<uint8_t>(d0);
+  rec[128] = static_cast<uint8_t>(d1);
+  rec[256] = static_cast<uint8_t>(d2);
+  const int s0 = __reduce_add_sync(0xffffffffu, d0), s1 = __reduce_add_sync(0xffffffffu, d1),
+            s2 = __reduce_add_sync(0xffffffffu, d2);
+  if (lane == 0) {
+    ssum[0][warp] = s0;
+    ssum[1][warp] = s1;
+    ssum[2][warp] = s2;
+  }
+  __syncthreads();
+  if (k < 3) meta[(m * nblk + b) * 4 + k] = ssum[k][0] + ssum[k][1] + ssum[k][2] + ssum[k][3];
+  if (k == 3) meta[(m * nblk + b) * 4 + 3] = __float_as_int(ldexpf(1.0f, E - 16));
+}
+
+// ---- the matmul ------------------------------------------------------------------------------------
+
+// One weight of a launch. A launch covers up to kTernaryMaxGroup weights of one format that share the
+// input (one grid: CTAs [cta_end of the previous part, cta_end) are this part's 64-row tiles).
+struct MmaPart {
+  const uint8_t* codes;
+  const uint8_t* scales;
+  float* y;
+  int64_t N;    // rows (outputs)
+  int tiles;    // 16-row tiles (Np / 16)
+  int cta_end;  // one past this part's last CTA (blockIdx.x)
+};
+struct MmaArgs {
+  MmaPart part[kTernaryMaxGroup];
+  int nparts;
+  const uint8_t* xq;    // quantized activations [M][nblk][384 B]
+  const int32_t* meta;  // [M][nblk][4]
+  int64_t M;
+  int nblk, ks;
+  int kb[9];  // the k split's block boundaries: CTA z takes blocks kb[z] .. kb[z + 1] (no division on the device)
+};
+
+// d = a . b + c on m16n8k32, A unsigned bytes (weight codes), B signed bytes (activation digits).
+__device__ __forceinline__ void mma_u8s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1, const int (&c)[4]) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
+}
+// d = a . b on m16n8k16, both signed bytes: a0 (row g, k 4t..4t+3), a1 (row g + 8); b0 (k 4t.., col g).
+__device__ __forceinline__ void mma_s8s8_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+// Stage layout: codes [4 tiles][kCodeBytes] | scales [4 tiles][kScaleBytes] | xq [mc][384 B] | meta [mc][4].
+template <class F>
+__host__ __device__ constexpr int stage_bytes(int mc) {
+  return kTilesPerCta * (F::kCodeBytes + F::kScaleBytes) + mc * (kXqBytes + kXqMeta);
+}
+template <class F>
+__device__ __forceinline__ const uint8_t* stage_acts(const uint8_t* stage) {
+  return stage + kTilesPerCta * (F::kCodeBytes + F::kScaleBytes);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Per-lane source pointers of block b_lo (advanced by kWarpsPerCta blocks per issue): the lane's
+// 16-byte pieces of the tiles' codes and of the CTA's scales.
+template <class F>
+struct BlockSrc {
+  static constexpr int kScalePieces = kTilesPerCta * F::kScaleBytes / 16;  // per block, for the CTA
+  static constexpr int kScaleIssues = (kScalePieces + 31) / 32;             // per lane
+  const uint8_t* codes[kTilesPerCta];    // piece `lane` of each tile's block (then + 512 per round)
+  const uint8_t* scales[kScaleIssues];   // piece lane + 32 q of the CTA's scales, null past the last
+  const uint8_t* xq;                     // activation record of row m0 (rows nblk records apart)
+  const int32_t* meta;
+};
+
+// One warp copies one block (codes and scales of the CTA's tiles, quantized activations of its mc
+// rows) into a stage: 16-byte pieces, lane-strided.
+template <class F>
+__device__ __forceinline__ void issue_weights(const BlockSrc<F>& src, int64_t boff, int lane, uint8_t* stage) {
+#pragma unroll
+  for (int i = 0; i < kTilesPerCta; ++i)  // tiles past the last one re-read it (pointers clamped)
+#pragma unroll
+    for (int q = 0; q < F::kCodeBytes / 512; ++q)
+      cp_async16(stage + i * F::kCodeBytes + q * 512 + lane * 16, src.codes[i] + boff * F::kCodeBytes + q * 512);
+#pragma unroll
+  for (int q = 0; q < BlockSrc<F>::kScaleIssues; ++q)
+    if (lane + 32 * q < BlockSrc<F>::kScalePieces)
+      cp_async16(stage + kTilesPerCta * F::kCodeBytes + (lane + 32 * q) * 16, src.scales[q] + boff * F::kScaleBytes);
+}
+template <class F>
+__device__ __forceinline__ void issue_acts(const BlockSrc<F>& src, int64_t boff, int nblk, int mc, int lane,
+                                           uint8_t* stage) {
+  uint8_t* xs = stage + kTilesPerCta * (F::kCodeBytes + F::kScaleBytes);
+  for (int p = lane; p < mc * (kXqBytes / 16); p += 32) {  // 24 pieces per row
+    const int r = p / (kXqBytes / 16), q = p % (kXqBytes / 16);
+    cp_async16(xs + r * kXqBytes + q * 16, src.xq + (static_cast<int64_t>(r) * nblk + boff) * kXqBytes + q * 16);
+  }
+  if (lane < mc) cp_async16(xs + mc * kXqBytes + lane * 16, src.meta + (static_cast<int64_t>(lane) * nblk + boff) * 4);
+}
+
+template <int R>
+struct ColMap {
+  static constexpr int kNt = (3 * R + 7) / 8;
+};
+
+// Per-lane constants of the column map for one CTA (mc activation rows).
+template <int R>
+struct LaneCols {
+  static constexpr int NT = ColMap<R>::kNt;
+  int b_off[NT];      // B: byte offset of (row, plane) of column 8 nt + g in an xq stage, -1 if empty
+  int d_meta[NT][2];  // D: columns 8 nt + 2t + {0, 1}: int index of S_p in the stage's meta, -1 if empty
+  int sx_meta[2];     // owned rows 2t, 2t + 1: int index of 2^(E-16) in the meta, -1 if none
+  __device__ __forceinline__ LaneCols(int mc, int g, int t) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int cb = 8 * nt + g, pb = cb / R, mb = cb % R;
+      b_off[nt] = pb < 3 && mb < mc ? mb * kXqBytes + pb * 128 + t * 32 : -1;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int c = 8 * nt + 2 * t + h, p = c / R, m = c % R;
+        d_meta[nt][h] = p < 3 && m < mc ? m * 4 + p : -1;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sx_meta[h] = 2 * t < R && 2 * t + h < mc ? (2 * t + h) * 4 + 3 : -1;
+  }
+};
+
+// The B fragments of a staged block (bq[nt][w]: word w = 2j + h of the lane's column), zero for empty
+// columns, and the 2^(E-16) of the lane's owned rows.
+template <int R>
+__device__ __forceinline__ void load_acts(const uint8_t* xs, const int32_t* meta, const LaneCols<R>& lc,
+                                          uint32_t (&bq)[ColMap<R>::kNt][8], float (&sx)[2]) {
+#pragma unroll
+  for (int nt = 0; nt < ColMap<R>::kNt; ++nt) {
+    uint4 lo = make_uint4(0, 0, 0, 0), hi = make_uint4(0, 0, 0, 0);
+    if (lc.b_off[nt] >= 0) {
+      const uint4* src = reinterpret_cast<const uint4*>(xs + lc.b_off[nt]);
+      lo = src[0];
+      hi = src[1];
+    }
+    bq[nt][0] = lo.x, bq[nt][1] = lo.y, bq[nt][2] = lo.z, bq[nt][3] = lo.w;
+    bq[nt][4] = hi.x, bq[nt][5] = hi.y, bq[nt][6] = hi.z, bq[nt][7] = hi.w;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) sx[h] = lc.sx_meta[h] >= 0 ? __int_as_float(meta[lc.sx_meta[h]]) : 0.0f;
+}
+
+// The 3 plane values of accumulator register jj of the lane's owned column (valid on lanes with
+// 2t < R): its own n-tiles, or a shuffle from the quad's lane t + 1 / t + 2 (every lane takes part).
+template <int R>
+__device__ __forceinline__ void gather_planes(const int (&d)[ColMap<R>::kNt][4], int jj, int& P0, int& P1, int& P2) {
+  if constexpr (R == 2) {
+    P0 = d[0][jj];
+    P1 = __shfl_down_sync(0xffffffffu, d[0][jj], 1);
+    P2 = __shfl_down_sync(0xffffffffu, d[0][jj], 2);
+  } else if constexpr (R == 4) {
+    P0 = d[0][jj];
+    P1 = __shfl_down_sync(0xffffffffu, d[0][jj], 2);
+    P2 = d[1][jj];
+  } else {
+    P0 = d[0][jj];
+    P1 = d[1][jj];
+    P2 = d[2][jj];
+  }
+}
+
+template <class F, int kStages, int R>
+__global__ void __launch_bounds__(kWarpsPerCta * 32, F::kMinBlocks) mm_mma_kernel(const MmaArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  // This CTA's weight (part) and its first tile in that weight.
+  MmaPart pt = a.part[0];
+  int cta_begin = 0;
+#pragma unroll
+  for (int k = 1; k < kTernaryMaxGroup; ++k)
+    if (k < a.nparts && static_cast<int>(blockIdx.x) >= a.part[k - 1].cta_end) {
+      cta_begin = a.part[k - 1].cta_end;
+      pt = a.part[k];
+    }
+  const int tiles = pt.tiles;
+  const int tile0 = (blockIdx.x - cta_begin) * kTilesPerCta;
+  const int nt_rows = min(kTilesPerCta, tiles - tile0) * 16;  // weight rows of this CTA (<= 64)
+  const int ntile = nt_rows / 16;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kCols;
+  const int mc = a.M - m0 < kCols ? static_cast<int>(a.M - m0) : kCols;
+  const int z = blockIdx.z;
+  const int b_lo = a.kb[z], b_hi = a.kb[z + 1];
+  const int sb = stage_bytes<F>(mc);
+  uint8_t* ring = smem + warp * kStages * sb;
+  const LaneCols<R> lc(mc, g, t);
+
+  float acc[kTilesPerCta][4];
+#pragma unroll
+  for (int i = 0; i < kTilesPerCta; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+  // This warp's blocks: first + kWarpsPerCta * j, j < nj.
+  const int first = b_lo + warp;
+  const int nj = first < b_hi ? (b_hi - first + kWarpsPerCta - 1) / kWarpsPerCta : 0;
+  BlockSrc<F> src;
+#pragma unroll
+  for (int i = 0; i < kTilesPerCta; ++i)
+    src.codes[i] = pt.codes + (static_cast<int64_t>(tile0 + min(i, ntile - 1)) * a.nblk + first) * F::kCodeBytes + lane * 16;
+#pragma unroll
+  for (int q = 0; q < BlockSrc<F>::kScaleIssues; ++q) {
+    constexpr int kPer = F::kScaleBytes / 16;  // pieces per tile
+    const int p = lane + 32 * q, i = min(p / kPer, ntile - 1);
+    src.scales[q] = pt.scales + (static_cast<int64_t>(tile0 + i) * a.nblk + first) * F::kScaleBytes + (p % kPer) * 16;
+  }
+  src.xq = a.xq + (m0 * a.nblk + first) * kXqBytes;
+  src.meta = a.meta + (m0 * a.nblk + first) * 4;
+  // The first stages' weights do not depend on earlier kernels: their loads start before pdl_wait(),
+  // while the previous kernel drains (they land in the first commit group).
+#pragma unroll
+  for (int q = 0; q < kStages - 1; ++q)
+    if (q < nj) issue_weights<F>(src, static_cast<int64_t>(q) * kWarpsPerCta, lane, ring + q * sb);
+  pdl_wait();
+#pragma unroll
+  for (int q = 0; q < kStages - 1; ++q) {
+    if (q < nj) issue_acts<F>(src, static_cast<int64_t>(q) * kWarpsPerCta, a.nblk, mc, lane, ring + q * sb);
+    cp_async_commit();
+  }
+  for (int j = 0; j < nj; ++j) {
+    cp_async_wait<kStages - 2>();
+    __syncwarp();
+    F::template block_compute<R>(ring + (j % kStages) * sb, mc, g, t, lc, acc);
+    __syncwarp();  // every lane is done with the stage that the next issue overwrites
+    const int jn = j + kStages - 1;
+    if (jn < nj) {
+      uint8_t* st = ring + (jn % kStages) * sb;
+      issue_weights<F>(src, static_cast<int64_t>(jn) * kWarpsPerCta, lane, st);
+      issue_acts<F>(src, static_cast<int64_t>(jn) * kWarpsPerCta, a.nblk, mc, lane, st);
+    }
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the rings are free: the warp sums go there
+
+  // red[w][m][row]: warp w's sum for activation row m (< R) and CTA weight row (< 64).
+  float* red = reinterpret_cast<float*>(smem);
+  if (2 * t < R)
+#pragma unroll
+    for (int i = 0; i < kTilesPerCta; ++i)
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj)
+        red[(warp * R + 2 * t + (jj & 1)) * 64 + 16 * i + g + (jj >= 2 ? 8 : 0)] = acc[i][jj];
+  __syncthreads();
+  // Output (row, m): the warps' sums in warp order.
+  constexpr int kOutPerThread = (64 * kCols + kWarpsPerCta * 32 - 1) / (kWarpsPerCta * 32);
+  float out[kOutPerThread];
+#pragma unroll
+  for (int k = 0; k < kOutPerThread; ++k) {
+    const int o = threadIdx.x + k * kWarpsPerCta * 32, row = o & 63, m = o >> 6;
+    out[k] = 0.0f;
+    if (m < mc && row < nt_rows) {
+      float s = red[m * 64 + row];
+#pragma unroll
+      for (int w = 1; w < kWarpsPerCta; ++w) s += red[(w * R + m) * 64 + row];
+      out[k] = s;
+    }
+  }
+
+  if (a.ks > 1) {
+    // k split over the ks CTAs of a cluster (1, 1, ks): each publishes its sums in its shared memory,
+    // CTA 0 adds the ks parts in split order (distributed shared memory) and stores y; the others
+    // wait at a second barrier until it has read them.
+    cg::cluster_group cluster = cg::this_cluster();
+    float* fin = reinterpret_cast<float*>(smem) + kWarpsPerCta * R * 64;  // [kOutPerThread][128 threads]
+#pragma unroll
+    for (int k = 0; k < kOutPerThread; ++k) fin[k * kWarpsPerCta * 32 + threadIdx.x] = out[k];
+    cluster.sync();
+    const bool lead = cluster.block_rank() == 0;
+    if (lead)
+#pragma unroll
+      for (int k = 0; k < kOutPerThread; ++k) {
+        float s = out[k];
+        for (int zz = 1; zz < a.ks; ++zz) s += cluster.map_shared_rank(fin, zz)[k * kWarpsPerCta * 32 + threadIdx.x];
+        out[k] = s;
+      }
+    cluster.sync();
+    if (!lead) return;
+  }
+#pragma unroll
+  for (int k = 0; k < kOutPerThread; ++k) {
+    const int o = threadIdx.x + k * kWarpsPerCta * 32, row = o & 63, m = o >> 6;
+    const int64_t grow = static_cast<int64_t>(tile0) * 16 + row;
+    if (m < mc && row < nt_rows && grow < pt.N) pt.y[(m0 + m) * pt.N + grow] = out[k];
+  }
+}
+
+// ---- host side ----------------------------------------------------------------------------------------
+
+// CTAs (64-row tiles) of an out-row weight.
+inline int64_t mma_ctas(int64_t out) { return (padded_rows(out) / 16 + kTilesPerCta - 1) / kTilesPerCta; }
+
+// CTAs per SM that the k split aims at (one wave): DFLASH_CUDA_TERNARY_WAVE when set (1..8), else the
+// format's. A device setting, like the SM count: it never depends on M. Measured on the H200 for the
+// ternary format (27B decode step, commit after 1744dbf): 4 -> 7.52 ms, 3 -> 6.95 ms, 2 -> 7.09 ms
+// (fewer, longer-lived warps amortise each warp's fixed prologue and epilogue; 2 leaves SMs short of
+// bytes in flight).
+inline int mma_ctas_per_sm(int format_default) {
+  static const int v = [] {
+    const char* e = std::getenv("DFLASH_CUDA_TERNARY_WAVE");
+    const int n = e ? std::atoi(e) : 0;
+    return n >= 1 && n <= 8 ? n : 0;
+  }();
+  return v ? v : format_default;
+}
+
+inline int mma_splits_for(int64_t ctas, int64_t in, int num_sms, int ctas_per_sm) {
+  const int64_t nblk = in / 128;
+  // As many CTAs as fit in one wave: a GEMV needs warps for bytes in flight, and a second wave would
+  // double the time.
+  const int64_t want = ctas_per_sm * static_cast<int64_t>(std::max(num_sms, 1)) / std::max<int64_t>(ctas, 1);
+  const int64_t most = std::max<int64_t>(1, nblk / (2 * kWarpsPerCta));  // >= 2 blocks per warp
+  // <= 8: the split CTAs form one cluster (8 is the portable cluster size)
+  return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 8)));
+}
+
+constexpr int64_t kMaxRowsPerLaunch = 65535;  // grid.y of the activation quantizer
+
+inline size_t mma_xq_bytes(int64_t in, int64_t M) {
+  const int64_t rows = std::min(M, kMaxRowsPerLaunch);
+  return static_cast<size_t>(std::max<int64_t>(rows, 0)) * (in / 128) * (kXqBytes + kXqMeta);
+}
+
+// One launch of up to kTernaryMaxGroup weights of format F sharing the input x (M rows).
+template <class F>
+void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
+                      const TernaryBuffers& buf, int num_sms, cudaStream_t s) {
+  if (n <= 0 || n > kTernaryMaxGroup || M <= 0) return;
+  MmaArgs a{};
+  a.nparts = n;
+  const int64_t in = ws[0]->in;
+  a.nblk = static_cast<int>(in / 128);
+  int64_t gx = 0;
+  for (int k = 0; k < n; ++k) {
+    MmaPart& p = a.part[k];
+    p.codes = ws[k]->data;
+    p.scales = reinterpret_cast<const uint8_t*>(ws[k]->scales);
+    p.N = ws[k]->out;
+    p.tiles = static_cast<int>(padded_rows(ws[k]->out) / 16);
+    gx += mma_ctas(ws[k]->out);
+    p.cta_end = static_cast<int>(gx);
+  }
+  a.ks = mma_splits_for(gx, in, num_sms, mma_ctas_per_sm(F::kWave));
+  for (int z = 0; z <= a.ks; ++z) a.kb[z] = static_cast<int>(static_cast<int64_t>(a.nblk) * z / a.ks);
+  constexpr int SN = F::kStagesNarrow, SW = F::kStagesWide;
+  static bool attr_set = false;
+  if (!attr_set) {  // rings above the 48 KB default; the largest shared-memory carveout
+    const auto setup = [](auto kernel, int bytes) {
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    };
+    setup(mm_mma_kernel<F, SN, 2>, kWarpsPerCta * SN * stage_bytes<F>(2));
+    setup(mm_mma_kernel<F, SN, 4>, kWarpsPerCta * SN * stage_bytes<F>(4));
+    setup(mm_mma_kernel<F, SW, 8>, kWarpsPerCta * SW * stage_bytes<F>(kCols));
+    attr_set = true;
+  }
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxRowsPerLaunch) {
+    a.M = std::min(kMaxRowsPerLaunch, M - m0);
+    for (int k = 0; k < n; ++k) a.part[k].y = ys[k] + m0 * ws[k]->out;
+    auto* xq = static_cast<uint8_t*>(buf.xq);
+    auto* meta = reinterpret_cast<int32_t*>(xq + static_cast<size_t>(a.M) * a.nblk * kXqBytes);
+    if (!buf.xq_ready || m0 > 0)
+      launch_pdl(quantize_x24_kernel, dim3(static_cast<unsigned>(a.nblk), static_cast<unsigned>(a.M)), 128, 0, s,
+                 x + m0 * in, in, a.nblk, xq, meta);
+    a.xq = xq;
+    a.meta = meta;
+    const int64_t gy = (a.M + kCols - 1) / kCols;
+    const int mc = static_cast<int>(std::min<int64_t>(a.M, kCols));  // rows staged: the largest tile's
+    const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(a.ks));
+    const dim3 block(kWarpsPerCta * 32), cluster(1, 1, grid.z);
+    // R (rows per plane group) from the widest tile, and the ring depth: scheduling and column
+    // placement only, the arithmetic of a row is the same.
+    if (mc <= 2)
+      (void)launch_ex(mm_mma_kernel<F, SN, 2>, grid, block, kWarpsPerCta * SN * stage_bytes<F>(mc), s, cluster,
+                      pdl_enabled(), a);
+    else if (mc <= 4)
+      (void)launch_ex(mm_mma_kernel<F, SN, 4>, grid, block, kWarpsPerCta * SN * stage_bytes<F>(mc), s, cluster,
+                      pdl_enabled(), a);
+    else
+      (void)launch_ex(mm_mma_kernel<F, SW, 8>, grid, block, kWarpsPerCta * SW * stage_bytes<F>(mc), s, cluster,
+                      pdl_enabled(), a);
+  }
+}
+
+}  // namespace
+}  // namespace dflash::cuda
