@@ -129,11 +129,11 @@ void bench_gdn_prefill(Backend& be, Out& out) {
 }
 
 
-// Prefill matmul (bench_matmul_prefill, also alone with --prefill): matmul_prefill (gemm_prefill.cu,
-// bf16 mma.sync) of PTQ1_0 at the 27B shapes for M = 64..512, median of 20 calls on one weight (compute
-// bound: a ternary matrix is <= 23 MB and may stay in L2, which changes little here), TFLOP/s =
-// 2 M in out / time, against the H200's ~790 TFLOP/s dense bf16 and against matmul (the GEMV tiles the
-// prefill path falls back to) at M = 64 and 512.
+// Prefill matmul (bench_matmul_prefill, also alone with --prefill): matmul_prefill (gemm_prefill.cu, bf16
+// wgmma on Hopper, mma.sync elsewhere) of PTQ1_0 at the 27B shapes for M = 64..512, median of 20 calls on
+// one weight (compute bound: a ternary matrix is <= 23 MB and may stay in L2, which changes little here),
+// TFLOP/s = 2 M in out / time, against the H200's ~790 TFLOP/s dense bf16 and against matmul (the GEMV
+// tiles the prefill path falls back to) at M = 64 and 512.
 void bench_matmul_prefill(Backend& be, Out& out) {
   struct Shape {
     const char* name;

@@ -860,7 +860,7 @@ TEST(CudaOps, SelectorWalk) {
 // ---- prefill matmul on the tensor cores -----------------------------------------------------------
 //
 // matmul_prefill of the ternary types (PQ2_0, PTQ1_0) in the ternary-mma layout (the default;
-// DFLASH_CUDA_TERNARY_MMA=0 selects the planar one) runs gemm_prefill.cu for M >= 32: bf16 activations and bf16 scales into mma.sync with fp32
+// DFLASH_CUDA_TERNARY_MMA=0 selects the planar one) runs gemm_prefill.cu for M >= 32: bf16 activations and bf16 scales into wgmma (Hopper) or mma.sync with fp32
 // accumulation (the planar-2bit layout falls back to the GEMV tiles: the same checks, GEMV-exact).
 // Bound 2e-5 NMSE vs the CPU's fp32 reference: bf16 keeps 8 significant bits, so each of the two
 // roundings (activation, block scale) has a relative error <= 2^-8, mean square ~0.36 (2^-8)^2 over
