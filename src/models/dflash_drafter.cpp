@@ -331,8 +331,7 @@ void DFlashDrafter::evict(int64_t incoming) {
 }
 
 void DFlashDrafter::append_chunk(const float* taps, bool on_device, int64_t rows) {
-  const int64_t E = cfg_.n_embd, hd = cfg_.head_dim;
-  const int64_t kvw = cfg_.n_head_kv * hd, B = cfg_.block_size;
+  const int64_t E = cfg_.n_embd, B = cfg_.block_size;
   evict(rows);
   const int64_t C = context_rows();
   std::vector<int32_t> pos(rows), slot(rows);
@@ -353,10 +352,7 @@ void DFlashDrafter::append_chunk(const float* taps, bool on_device, int64_t rows
     for (Layer& w : layers_) {
       const Backend::MatmulOut kv[] = {{&w.wk, kb_}, {&w.wv, vb_}};
       be_.matmul_group(kv, c_, rows);
-      be_.rms_norm(kb_, w.k_norm, kb_, rows * cfg_.n_head_kv, hd, cfg_.rms_eps);
-      be_.rope_neox(kb_, d_pos_, rows, cfg_.n_head_kv, hd, cfg_.n_rot, cfg_.rope_theta);
-      be_.scatter_rows(w.k, kvw, cap_ + B, d_ctx_slot_, kb_, kvw, rows, kvw);
-      be_.scatter_rows(w.v, kvw, cap_ + B, d_ctx_slot_, vb_, kvw, rows, kvw);
+      be_.attention_prep(kv_prep(w, 0, d_ctx_slot_, rows));  // k norm + rope, both into the context rows
     }
   };
   // A speculative cycle appends 1..B rows: every pointer is fixed (positions and store rows are in
@@ -485,9 +481,36 @@ std::vector<int32_t> DFlashDrafter::draft(int32_t anchor) {
   return trace_.tokens;
 }
 
+// The attention inputs of layer w for `rows` rows (keys at d_pos_, cache rows `slots`): with n_head > 0
+// also the block's queries q_ (in place).
+Backend::AttentionPrep DFlashDrafter::kv_prep(Layer& w, int64_t n_head, const int32_t* slots, int64_t rows) {
+  Backend::AttentionPrep p;
+  if (n_head > 0) {
+    p.qg = q_;
+    p.q = q_;
+    p.q_norm = w.q_norm;
+  }
+  p.k = kb_;
+  p.v = vb_;
+  p.k_norm = w.k_norm;
+  p.pos = d_pos_;
+  p.slot = slots;
+  p.k_cache = w.k;
+  p.v_cache = w.v;
+  p.cache_rows = cap_ + cfg_.block_size;
+  p.M = rows;
+  p.n_head = n_head;
+  p.n_head_kv = cfg_.n_head_kv;
+  p.head_dim = cfg_.head_dim;
+  p.n_rot = cfg_.n_rot;
+  p.theta = cfg_.rope_theta;
+  p.eps = cfg_.rms_eps;
+  return p;
+}
+
 void DFlashDrafter::draft_ops() {
   const int64_t B = cfg_.block_size, E = cfg_.n_embd, hd = cfg_.head_dim;
-  const int64_t H = cfg_.n_head, Hkv = cfg_.n_head_kv, kvw = Hkv * hd;
+  const int64_t H = cfg_.n_head, Hkv = cfg_.n_head_kv;
   const int64_t K = cfg_.conv_kernel, G = cfg_.conv_groups(), P2 = cfg_.conv_proj_out();
   const int64_t V = target_.config().n_vocab, rows = B - 1;
   target_.embed(d_ids_, x_, B);  // the target's embedding (prism inverse rotation included)
@@ -504,13 +527,9 @@ void DFlashDrafter::draft_ops() {
     // q, k, v share their input: one launch where the backend can (same values as three matmuls)
     const Backend::MatmulOut qkv[] = {{&w.wq, q_}, {&w.wk, kb_}, {&w.wv, vb_}};
     be_.matmul_group(qkv, ain, B);
-    be_.rms_norm(q_, w.q_norm, q_, B * H, hd, cfg_.rms_eps);
-    be_.rms_norm(kb_, w.k_norm, kb_, B * Hkv, hd, cfg_.rms_eps);
-    be_.rope_neox(q_, d_pos_, B, H, hd, cfg_.n_rot, cfg_.rope_theta);
-    be_.rope_neox(kb_, d_pos_, B, Hkv, hd, cfg_.n_rot, cfg_.rope_theta);
-    // block keys/values go after the context rows (slots in device memory: one graph every draft)
-    be_.scatter_rows(w.k, kvw, cap_ + B, d_slot_, kb_, kvw, B, kvw);
-    be_.scatter_rows(w.v, kvw, cap_ + B, d_slot_, vb_, kvw, B, kvw);
+    // q and k norms and rope; block keys/values go after the context rows (slots in device memory: one
+    // graph every draft)
+    be_.attention_prep(kv_prep(w, H, d_slot_, B));
     be_.attention(q_, w.k, w.v, d_range_, attn_, B, H, Hkv, hd, scale);
     be_.matmul(w.wo, attn_, o_, B);
     if (K > 0)

@@ -175,6 +175,7 @@ class DFlashDrafter final : public Drafter {
   void move_rows(int64_t dst, int64_t src, int64_t n);
   // The draft's ops after its inputs are uploaded: embedding .. top-k and selector features.
   void draft_ops();
+  Backend::AttentionPrep kv_prep(Layer& w, int64_t n_head, const int32_t* slots, int64_t rows);
 
   TargetModel& target_;
   Backend& be_;

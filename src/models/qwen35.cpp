@@ -454,17 +454,29 @@ void Qwen35Model::attention_block(int il, const float* nin, float* y, int64_t M)
   // attn_q rows are [q(hd) | gate(hd)] per head when the output is gated: split as [M*H, 2*hd] -> q,
   // gate [M*H, hd] below.
   mm_group({{&w.wq, cfg_.attn_output_gate ? big0_ : q_}, {&w.wk, k_}, {&w.wv, v_}}, nin, M);
-  if (cfg_.attn_output_gate) {
-    be_.copy_rows(q_, hd, big0_, 2 * hd, M * H, hd);
-    be_.copy_rows(gate_, hd, big0_ + hd, 2 * hd, M * H, hd);
-  }
-  // New keys and values go to the cache rows d_pos_ (device memory, so the step is one graph).
-  be_.rms_norm(q_, w.q_norm, q_, M * H, hd, cfg_.rms_eps);
-  be_.rms_norm(k_, w.k_norm, k_, M * Hkv, hd, cfg_.rms_eps);
-  be_.rope_neox(q_, d_pos_, M, H, hd, cfg_.n_rot, cfg_.rope_theta);
-  be_.rope_neox(k_, d_pos_, M, Hkv, hd, cfg_.n_rot, cfg_.rope_theta);
-  be_.scatter_rows(s.k_cache, kv_width(), n_ctx_, d_pos_, k_, kv_width(), M, kv_width());
-  be_.scatter_rows(s.v_cache, kv_width(), n_ctx_, d_pos_, v_, kv_width(), M, kv_width());
+  // Split q | gate, q and k norms and rope; the new keys and values go to the cache rows d_pos_
+  // (device memory, so the step is one graph).
+  Backend::AttentionPrep prep;
+  prep.qg = cfg_.attn_output_gate ? big0_ : q_;
+  prep.q = q_;
+  prep.gate = cfg_.attn_output_gate ? gate_ : nullptr;
+  prep.k = k_;
+  prep.v = v_;
+  prep.q_norm = w.q_norm;
+  prep.k_norm = w.k_norm;
+  prep.pos = d_pos_;
+  prep.slot = d_pos_;
+  prep.k_cache = s.k_cache;
+  prep.v_cache = s.v_cache;
+  prep.cache_rows = n_ctx_;
+  prep.M = M;
+  prep.n_head = H;
+  prep.n_head_kv = Hkv;
+  prep.head_dim = hd;
+  prep.n_rot = cfg_.n_rot;
+  prep.theta = cfg_.rope_theta;
+  prep.eps = cfg_.rms_eps;
+  be_.attention_prep(prep);
   // A long non-undoable chunk takes the prefill kernel (tensor cores on CUDA; rounds differently).
   const float scale = 1.0f / std::sqrt((float)hd);
   if (prefill_chunk_)

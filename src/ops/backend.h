@@ -167,6 +167,48 @@ class Backend {
   // angle pos[m] * theta^(-2i/n_rot).
   virtual void rope_neox(float* x, const int32_t* pos, int64_t M, int64_t heads, int64_t head_dim, int64_t n_rot,
                          float theta) = 0;
+  // The attention block's inputs prepared in one op (CUDA: one kernel where the sequence below takes up
+  // to eight). M rows, n_head query heads and n_head_kv key/value heads of head_dim:
+  //   qg: with gate != null, rows [n_head][q | gate] (2 head_dim per head): gate gets the second halves
+  //       (copy) and the first halves are the queries; else qg holds the queries [n_head][head_dim] and
+  //       may equal q. n_head may be 0 (keys and values only: q, qg, gate, q_norm unused).
+  //   q = rope(rms_norm(query, q_norm)), k = rope(rms_norm(k, k_norm)) in place (NeoX, n_rot dims,
+  //   positions pos), then k_cache[slot[m]] = k[m] and v_cache[slot[m]] = v[m] (rows of
+  //   n_head_kv * head_dim floats in caches of cache_rows rows, as scatter_rows).
+  // The default is that op sequence; a backend that fuses it gives every element the same bits.
+  struct AttentionPrep {
+    const float* qg = nullptr;
+    float* q = nullptr;
+    float* gate = nullptr;
+    float* k = nullptr;
+    const float* v = nullptr;
+    const float* q_norm = nullptr;
+    const float* k_norm = nullptr;
+    const int32_t* pos = nullptr;   // [M], backend memory
+    const int32_t* slot = nullptr;  // [M], backend memory: cache rows
+    float* k_cache = nullptr;
+    float* v_cache = nullptr;
+    int64_t cache_rows = 0;
+    int64_t M = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_rot = 0;
+    float theta = 0.0f, eps = 0.0f;
+  };
+  virtual void attention_prep(const AttentionPrep& p) {
+    const int64_t hd = p.head_dim, kvw = p.n_head_kv * p.head_dim;
+    if (p.n_head > 0) {
+      const float* query = p.qg;
+      if (p.gate) {
+        copy_rows(p.q, hd, p.qg, 2 * hd, p.M * p.n_head, hd);
+        copy_rows(p.gate, hd, p.qg + hd, 2 * hd, p.M * p.n_head, hd);
+        query = p.q;
+      }
+      rms_norm(query, p.q_norm, p.q, p.M * p.n_head, hd, p.eps);
+    }
+    rms_norm(p.k, p.k_norm, p.k, p.M * p.n_head_kv, hd, p.eps);
+    if (p.n_head > 0) rope_neox(p.q, p.pos, p.M, p.n_head, hd, p.n_rot, p.theta);
+    rope_neox(p.k, p.pos, p.M, p.n_head_kv, hd, p.n_rot, p.theta);
+    scatter_rows(p.k_cache, kvw, p.cache_rows, p.slot, p.k, kvw, p.M, kvw);
+    scatter_rows(p.v_cache, kvw, p.cache_rows, p.slot, p.v, kvw, p.M, kvw);
+  }
   // out[M, n_heads, head_dim] = softmax(q . K^T * scale) V over the keys kv_range[m] = [lo, hi) of the
   // caches k/v [n_keys, n_kv_heads, head_dim] (row stride n_kv_heads*head_dim). Head h reads KV head
   // h / (n_heads / n_kv_heads). kv_range is an int32 array [M, 2].

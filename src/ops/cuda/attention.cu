@@ -48,8 +48,7 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-// Same recipe as the CPU (Hugging Face's fp32 angles): inv_freq in double rounded to fp32, the angle
-// pos * inv_freq in fp32, cos/sin in double of that angle, rounded; the rotation without fma.
+// One thread per (row, head, pair); the arithmetic is rope_pair's (common.cuh).
 __global__ void rope_kernel(float* x, const int32_t* __restrict__ pos, int64_t M, int64_t heads, int64_t head_dim,
                             int64_t n_rot, double theta) {
   pdl_wait();
@@ -58,15 +57,7 @@ __global__ void rope_kernel(float* x, const int32_t* __restrict__ pos, int64_t M
   const int64_t m = blockIdx.y;
   if (i >= heads * half || m >= M) return;
   const int64_t h = i / half, d = i % half;
-  const float inv_freq = static_cast<float>(1.0 / pow(theta, static_cast<double>(2 * d) / static_cast<double>(n_rot)));
-  const float angle = __fmul_rn(static_cast<float>(pos[m]), inv_freq);
-  double sd, cd;
-  sincos(static_cast<double>(angle), &sd, &cd);
-  const float c = static_cast<float>(cd), s = static_cast<float>(sd);
-  float* xh = x + (m * heads + h) * head_dim;
-  const float a = xh[d], b = xh[d + half];
-  xh[d] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-  xh[d + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+  rope_pair(x + (m * heads + h) * head_dim, d, half, n_rot, pos[m], theta);
 }
 
 // ---- attention: cluster kernel ------------------------------------------------------------------------

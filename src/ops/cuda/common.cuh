@@ -50,6 +50,22 @@ __device__ __forceinline__ float block_sum(float v, float* sh) {
   return t;
 }
 
+// NeoX RoPE of the pair (xh[d], xh[d + half]), half = n_rot / 2, at position pos. Same recipe as the
+// CPU (Hugging Face's fp32 angles): inv_freq in double rounded to fp32, the angle pos * inv_freq in
+// fp32, cos/sin in double of that angle, rounded; the rotation without fma. Shared by rope_kernel and
+// the fused attention_prep kernel, so both give the same bits.
+__device__ __forceinline__ void rope_pair(float* xh, int64_t d, int64_t half, int64_t n_rot, int32_t pos,
+                                          double theta) {
+  const float inv_freq = static_cast<float>(1.0 / pow(theta, static_cast<double>(2 * d) / static_cast<double>(n_rot)));
+  const float angle = __fmul_rn(static_cast<float>(pos), inv_freq);
+  double sd, cd;
+  sincos(static_cast<double>(angle), &sd, &cd);
+  const float c = static_cast<float>(cd), s = static_cast<float>(sd);
+  const float a = xh[d], b = xh[d + half];
+  xh[d] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  xh[d + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
 inline unsigned ceil_div_u(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
 // Programmatic dependent launch (SPEC 8): kernels are launched so that the next one may start while

@@ -71,6 +71,8 @@ class CudaBackend final : public Backend {
     // Q4_K / Q6_K layout: integer tensor cores (default), or DFLASH_CUDA_KQUANT_MMA=0 for the file's
     // blocks and the CUDA-core dequantize-and-fma kernel (kept for comparison).
     kquant_mma_ = env_flag("DFLASH_CUDA_KQUANT_MMA", true);
+    // attention_prep as one kernel; DFLASH_CUDA_FUSED_PREP=0 runs the op sequence (for comparison).
+    fused_prep_ = env_flag("DFLASH_CUDA_FUSED_PREP", true);
   }
 
   ~CudaBackend() override {
@@ -410,6 +412,20 @@ class CudaBackend final : public Backend {
     });
     after("rope_neox");
   }
+  void attention_prep(const AttentionPrep& p) override {
+    const bool fits = p.head_dim > 0 && p.head_dim <= cuda::kAttentionPrepMaxHeadDim && p.n_rot > 0 &&
+                      p.n_rot % 2 == 0 && p.n_rot <= p.head_dim && p.n_head_kv > 0 && p.n_head >= 0 &&
+                      p.n_head + p.n_head_kv < 65535 && (p.n_head == 0 || (p.q && p.qg));
+    if (!fused_prep_ || !fits || p.M > 0x7fffffff) {
+      Backend::attention_prep(p);  // the op sequence (and its argument checks)
+      return;
+    }
+    const cuda::AttentionPrepArgs a{p.qg,      p.q,       p.gate,       p.k, p.v,    p.q_norm,  p.k_norm,
+                                    p.pos,     p.slot,    p.k_cache,    p.v_cache,   p.cache_rows, p.M,
+                                    p.n_head,  p.n_head_kv, p.head_dim, p.n_rot,     p.theta,   p.eps};
+    cuda::launch_attention_prep(a, stream_);
+    after("attention_prep");
+  }
   // kv_range is device memory: a row with hi <= lo gets zeros (the CPU rejects hi < lo).
   void attention(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out, int64_t M,
                  int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale) override {
@@ -703,6 +719,7 @@ class CudaBackend final : public Backend {
   bool ternary_mma_ = true;
   bool chain_ = true;
   bool kquant_mma_ = true;
+  bool fused_prep_ = true;
   bool capturing_ = false;
 };
 

@@ -117,6 +117,25 @@ void launch_gdn_conv(const float* x, float* state, const float* w, float* y, int
 void launch_dflash_conv(const float* x, const float* base, const float* d, int64_t d_stride, const float* res,
                         float* y, int64_t M, int64_t C, int64_t K, int64_t group, cudaStream_t s);
 
+// Backend::attention_prep in one kernel (norm.cu): one CTA of norm_threads(head_dim) threads per (row,
+// query head), (row, key head) and (row: the value copy). Needs head_dim <= kAttentionPrepMaxHeadDim.
+struct AttentionPrepArgs {
+  const float* qg;
+  float* q;
+  float* gate;
+  float* k;
+  const float* v;
+  const float* q_norm;
+  const float* k_norm;
+  const int32_t* pos;
+  const int32_t* slot;
+  float* k_cache;
+  float* v_cache;
+  int64_t cache_rows, M, n_head, n_head_kv, head_dim, n_rot;
+  float theta, eps;
+};
+constexpr int64_t kAttentionPrepMaxHeadDim = 1024;
+void launch_attention_prep(const AttentionPrepArgs& a, cudaStream_t s);
 // ---- Hadamard (hadamard.cu) -------------------------------------------------------------------------
 // x may equal y when perm is null; with a perm the caller passes a copy of x (gather reads the whole row).
 void launch_hadamard(const float* x, const float* signs, const int32_t* perm, float* y, int64_t rows, int64_t n,

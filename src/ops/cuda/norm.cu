@@ -228,7 +228,77 @@ inline unsigned elem_blocks(int64_t n) {
   return static_cast<unsigned>(b < 65536 ? (b > 0 ? b : 1) : 65536);
 }
 
+// ---- attention_prep: the attention block's input preparation in one kernel --------------------------
+// Per CTA one unit of one row: a query head (gate copy, rms norm, rope), a key head (rms norm, rope,
+// store into the cache) or the row's values (store into the cache). The norm is norm_kernel<0>'s
+// in-register path with the same thread count (norm_threads(head_dim)), so the same sums in the same
+// order, and the rope is rope_pair: every element has the bits of the op sequence.
+__device__ __forceinline__ void prep_norm_row(const float* xr, const float* __restrict__ w, float* yr, int64_t n,
+                                              float eps, float* sh) {
+  const int T = blockDim.x;
+  float v[kNormRegs];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kNormRegs; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
+    v[j] = i < n ? xr[i] : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < kNormRegs; ++j)
+    if (threadIdx.x + static_cast<int64_t>(j) * T < n) ss = fmaf(v[j], v[j], ss);
+  ss = block_sum(ss, sh);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+#pragma unroll
+  for (int j = 0; j < kNormRegs; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
+    if (i < n) {
+      const float q = v[j] * inv;
+      yr[i] = w ? q * w[i] : q;
+    }
+  }
+}
+
+__global__ void attention_prep_kernel(const AttentionPrepArgs a) {
+  pdl_wait();
+  __shared__ float sh[32];
+  const int64_t m = blockIdx.x, hd = a.head_dim, half = a.n_rot / 2, kvw = a.n_head_kv * hd;
+  const int64_t u = blockIdx.y;
+  const int T = blockDim.x;
+  const int32_t slot = a.slot[m];
+  const bool store = slot >= 0 && slot < a.cache_rows;  // as scatter_rows: a row outside the cache is skipped
+  if (u < a.n_head) {
+    const int64_t qh = m * a.n_head + u;
+    const float* src = a.gate ? a.qg + qh * 2 * hd : a.qg + qh * hd;
+    float* dst = a.q + qh * hd;
+    if (a.gate)
+      for (int64_t i = threadIdx.x; i < hd; i += T) a.gate[qh * hd + i] = src[hd + i];
+    prep_norm_row(src, a.q_norm, dst, hd, a.eps, sh);
+    __syncthreads();  // the rope pairs span other threads' elements
+    for (int64_t d = threadIdx.x; d < half; d += T) rope_pair(dst, d, half, a.n_rot, a.pos[m], static_cast<double>(a.theta));
+  } else if (u < a.n_head + a.n_head_kv) {
+    float* kr = a.k + m * kvw + (u - a.n_head) * hd;
+    prep_norm_row(kr, a.k_norm, kr, hd, a.eps, sh);
+    __syncthreads();
+    for (int64_t d = threadIdx.x; d < half; d += T) rope_pair(kr, d, half, a.n_rot, a.pos[m], static_cast<double>(a.theta));
+    __syncthreads();
+    if (store) {
+      float* kc = a.k_cache + slot * kvw + (u - a.n_head) * hd;
+      for (int64_t i = threadIdx.x; i < hd; i += T) kc[i] = kr[i];
+    }
+  } else if (store) {
+    const float* vr = a.v + m * kvw;
+    float* vc = a.v_cache + slot * kvw;
+    for (int64_t i = threadIdx.x; i < kvw; i += T) vc[i] = vr[i];
+  }
+}
+
 }  // namespace
+
+void launch_attention_prep(const AttentionPrepArgs& a, cudaStream_t s) {
+  if (a.M <= 0) return;
+  const dim3 grid(static_cast<unsigned>(a.M), static_cast<unsigned>(a.n_head + a.n_head_kv + 1));
+  launch_pdl(attention_prep_kernel, grid, norm_threads(a.head_dim), 0, s, a);
+}
 
 void launch_rms_norm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps, cudaStream_t s) {
   if (rows <= 0 || n <= 0) return;
