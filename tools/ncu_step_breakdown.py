@@ -20,7 +20,7 @@ def short_name(name: str) -> str:
     name = name.replace("(anonymous namespace)::", "")
     name = re.sub(r"^void ", "", name)
     name = re.sub(r"\(.*$", "", name)  # drop the parameter list
-    name = re.sub(r"^.*::", "", name)  # drop namespaces
+    name = re.sub(r"\b\w+::", "", name)  # drop namespaces (also inside template arguments)
     return name
 
 
