@@ -274,6 +274,7 @@ void DFlashDrafter::allocate() {
   attn_ = static_cast<float*>(alloc(sizeof(float) * B * qw));
   gate_ = static_cast<float*>(alloc(sizeof(float) * B * cfg_.n_ff));
   up_ = static_cast<float*>(alloc(sizeof(float) * B * cfg_.n_ff));
+  act_ = static_cast<float*>(alloc(sizeof(float) * B * cfg_.n_ff));
   logits_ = static_cast<float*>(alloc(sizeof(float) * rows * n_vocab));
   g_ = static_cast<float*>(alloc(sizeof(float) * rows * std::max<int64_t>(cfg_.selector_rank, 1)));
   if (cfg_.dflash2()) {
@@ -517,7 +518,8 @@ void DFlashDrafter::draft_ops() {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (Layer& w : layers_) {
     // ---- attention
-    be_.rms_norm(x_, w.attn_norm, n_, B, E, cfg_.rms_eps);
+    // the norm (CUDA: with the next matmul's activation quantization in the same kernel)
+    be_.residual_norm_rotate(x_, nullptr, w.attn_norm, n_, nullptr, {}, B, E, cfg_.rms_eps);
     const float* ain = n_;
     if (K > 0) {
       be_.matmul(w.attn_conv_proj, n_, dyn_, B);  // [B, 2 stages, K, G]
@@ -537,7 +539,7 @@ void DFlashDrafter::draft_ops() {
     else
       be_.add(x_, o_, x_, B * E);
     // ---- MLP
-    be_.rms_norm(x_, w.ffn_norm, n_, B, E, cfg_.rms_eps);
+    be_.residual_norm_rotate(x_, nullptr, w.ffn_norm, n_, nullptr, {}, B, E, cfg_.rms_eps);
     const float* fin = n_;
     if (K > 0) {
       be_.matmul(w.ffn_conv_proj, n_, dyn_, B);
@@ -546,8 +548,8 @@ void DFlashDrafter::draft_ops() {
     }
     const Backend::MatmulOut gate_up[] = {{&w.ffn_gate, gate_}, {&w.ffn_up, up_}};
     be_.matmul_group(gate_up, fin, B);
-    be_.swiglu(gate_, up_, gate_, B * cfg_.n_ff);
-    be_.matmul(w.ffn_down, gate_, o_, B);
+    be_.swiglu_rotate(gate_, up_, act_, {}, B, cfg_.n_ff);
+    be_.matmul(w.ffn_down, act_, o_, B);
     if (K > 0)
       be_.dflash_conv(o_, w.ffn_conv_base + K * E, dyn_ + K * G, P2, x_, x_, B, E, K, cfg_.conv_group);
     else

@@ -208,7 +208,7 @@ class DFlashDrafter final : public Drafter {
   float *x_ = nullptr, *n_ = nullptr, *u_ = nullptr, *o_ = nullptr;  // [B, n_embd]
   float *dyn_ = nullptr;          // [B, 2*K*G]
   float *q_ = nullptr, *attn_ = nullptr;  // [B, n_head*hd]
-  float *gate_ = nullptr, *up_ = nullptr;  // [B, n_ff]
+  float *gate_ = nullptr, *up_ = nullptr, *act_ = nullptr;  // [B, n_ff]: gate, up, swiglu(gate, up)
   float *logits_ = nullptr;       // [B-1, n_vocab]
   float *g_ = nullptr;            // [B-1, rank]
   float *pred_rows_ = nullptr;    // [1 + (B-2) * top_k, rank] gathered predecessor rows (Backend::selector_walk)

@@ -495,8 +495,7 @@ void Qwen35Model::gdn_block(int il, const float* n, const float* nin, float* y, 
   const int64_t C = conv_dim(), K = cfg_.ssm_conv_kernel;
   mm_group({{&w.w_qkv, big0_}, {&w.w_gate, gate_}}, nin, M);  // [M, C] pre-conv, z [M, inner]
   const float* nab = w.rot_alpha_beta ? (w.rot_attn_in ? nin : rotated(n, M, cfg_.n_embd, true, rot2_)) : n;
-  be_.matmul(w.w_beta, nab, b_, M);   // [M, Hv] beta logits
-  be_.matmul(w.w_alpha, nab, a_, M);  // [M, Hv] alpha
+  mm_group({{&w.w_beta, b_}, {&w.w_alpha, a_}}, nab, M);  // [M, Hv] beta logits, [M, Hv] alpha
   if (undoable) {
     be_.copy(s.conv_state_before, s.conv_state, conv_state_bytes());
     be_.copy(s.conv_inputs, big0_, sizeof(float) * M * C);

@@ -278,7 +278,8 @@ TEST(CudaOps, MatmulInputChains) {
       {0, 5120, 1024, 0, true, false}, {0, 5120, 1024, 0, false, false}, {0, 5120, 0, 0, true, false},
       {0, 256, 128, 0, true, false},   {1, 17408, 1024, 0, false, false}, {1, 1024, 256, 0, false, false},
       {1, 640, 0, 0, false, false},    {2, 6144, 1024, 128, false, true}, {2, 6144, 1024, 128, false, false},
-      {2, 512, 512, 64, false, true},  {2, 384, 0, 128, false, false},    {0, 2048, 64, 0, true, false}};
+      {2, 512, 512, 64, false, true},  {2, 384, 0, 128, false, false},    {0, 2048, 64, 0, true, false},
+      {1, 17408, 0, 0, false, false},  {0, 5120, 0, 0, false, false}};  // no rotation: the plain chain kernels
   uint32_t seed = 900;
   for (const ChainCase& c : cases) {
     std::mt19937 rng(seed++);
@@ -345,6 +346,47 @@ TEST(CudaOps, ChainQuantizationFeedsTheTernaryMatmul) {
       check("chain -> ternary matmul == fresh matmul", shp, out_chain.get(), out_fresh.get(), 0, out_chain.guard_ok());
       record({"chain quantization reused by the matmul", shp, 0, 0, 0, used_chain, used_chain ? "yes" : "NO"});
       EXPECT_TRUE(used_chain) << shp << ": the matmul quantized y again (the chain's records were not used)";
+    }
+  }
+}
+
+// Without a rotation (the DFlash drafter's norms and SwiGLU, unrotated models) the chain quantizes the
+// matmul input itself: n for the norm, y for SwiGLU. The next integer matmul (Q4_K / Q6_K / ternary)
+// must reuse those records and give the bits of a matmul of a fresh copy.
+TEST(CudaOps, PlainChainQuantizationFeedsTheMatmul) {
+  REQUIRE_GPU();
+  struct C {
+    int mode;  // 0 norm, 1 swiglu
+    int64_t dim;
+    GgmlType t;
+  };
+  const C cases[] = {{0, 5120, GgmlType::Q4_K}, {0, 5120, GgmlType::PTQ1_0}, {1, 17408, GgmlType::Q6_K},
+                     {1, 2048, GgmlType::Q4_K}};
+  uint32_t seed = 1700;
+  for (const C& c : cases) {
+    std::mt19937 rng(seed++);
+    const HostWeight hw = make_weight(c.t, c.dim, 192, seed++);
+    const WeightRef wg = gpu().upload_weight(hw.bytes.data(), hw.type, c.dim, 192);
+    const std::vector<float> w = randn_vec(rng, c.dim);
+    for (int64_t M : {1, 8}) {
+      const auto a = randn_vec(rng, M * c.dim), b = randn_vec(rng, M * c.dim);
+      Buf<float> x(gpu(), a), r(gpu(), b), wb(gpu(), w), n(gpu(), M * c.dim), y(gpu(), M * c.dim);
+      Buf<float> out_chain(gpu(), M * 192), out_fresh(gpu(), M * 192);
+      const Backend::Rotation none{};
+      if (c.mode == 0)
+        gpu().residual_norm_rotate(x, nullptr, wb, n, nullptr, none, M, c.dim, 1e-6f);
+      else
+        gpu().swiglu_rotate(x, r, y, none, M, c.dim);
+      const float* in = c.mode == 0 ? n.get_ptr() : y.get_ptr();
+      const int64_t reused0 = cuda::quantizations_reused(gpu());
+      gpu().matmul(wg, in, out_chain, M);
+      const bool used_chain = cuda::quantizations_reused(gpu()) == reused0 + 1;
+      Buf<float> in2(gpu(), c.mode == 0 ? n.get() : y.get());
+      gpu().matmul(wg, in2, out_fresh, M);
+      const std::string shp = fmt::format("{} {} M={} -> {}", c.mode == 0 ? "norm" : "swiglu", c.dim, M, type_name(c.t));
+      check("plain chain -> matmul == fresh matmul", shp, out_chain.get(), out_fresh.get(), 0, out_chain.guard_ok());
+      record({"plain chain quantization reused by the matmul", shp, 0, 0, 0, used_chain, used_chain ? "yes" : "NO"});
+      EXPECT_TRUE(used_chain) << shp;
     }
   }
 }

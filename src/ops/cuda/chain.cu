@@ -1,6 +1,8 @@
 // Matmul-input chains in one kernel: (residual add +) RMS norm, or SwiGLU, then the prism rotation
-// (1024-chunks) and the ternary matmul's 24-bit activation quantization (matmul_ternary.cu's xq
-// records), so the next ternary matmul skips its quantize launch (the backend's xq cache).
+// (1024-chunks; or none) and the integer matmuls' 24-bit activation quantization (mma_gemv.cuh's xq
+// records), so the next ternary / K-quant matmul skips its quantize launch (the backend's xq cache).
+// Without rotation the records quantize the norm (n) or SwiGLU (y) output itself: the DFlash drafter's
+// norms and SwiGLU, unrotated models.
 //
 // Why: at decode one row gives the separate kernels (norm, rotation, quantize) a few warps each and
 // three round trips of launch latency per matmul input; an earlier fusion into one CTA per row was
@@ -38,7 +40,8 @@ struct ChainArgs {
   const float* gate;   // swiglu: [rows, dim]
   const float* up;     // swiglu: [rows, dim]
   const float* signs;  // null or [dim]
-  float* y;            // the rotated row [rows, dim]
+  float* y;            // the rotated row [rows, dim]; without rotation: swiglu's output, null for norm
+  bool rotate;         // false: no rotation, the records quantize the norm / swiglu output itself
   uint8_t* xq;         // [rows][dim / 128] records of 384 bytes, then meta [rows][dim / 128][4]
   int32_t* meta;
   int64_t dim;
@@ -98,10 +101,10 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = tid + kThreads * j;
-    buf[i] = a.signs ? __fmul_rn(a.signs[c0 + i], v[j]) : v[j];
+    buf[i] = a.rotate && a.signs ? __fmul_rn(a.signs[c0 + i], v[j]) : v[j];
   }
   __syncthreads();
-  for (int h = 1; h < kChunk; h <<= 1) {
+  for (int h = 1; a.rotate && h < kChunk; h <<= 1) {
 #pragma unroll
     for (int k = 0; k < kChunk / 2 / kThreads; ++k) {
       const int p = tid + kThreads * k;
@@ -115,9 +118,9 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
   // Warp w: quantization block w (elements 128 w .. 128 w + 127 of the chunk), lane L elements 4L .. 4L+3.
   const float4 q4 = reinterpret_cast<const float4*>(buf + 128 * warp)[lane];
   constexpr float kScale = 0.03125f;  // 1 / sqrt(1024), exact
-  const float e4[4] = {__fmul_rn(q4.x, kScale), __fmul_rn(q4.y, kScale), __fmul_rn(q4.z, kScale),
-                       __fmul_rn(q4.w, kScale)};
-  reinterpret_cast<float4*>(a.y + base + 128 * warp)[lane] = make_float4(e4[0], e4[1], e4[2], e4[3]);
+  const float sc = a.rotate ? kScale : 1.0f;  // x 1 is exact: without rotation the values as they are
+  const float e4[4] = {__fmul_rn(q4.x, sc), __fmul_rn(q4.y, sc), __fmul_rn(q4.z, sc), __fmul_rn(q4.w, sc)};
+  if (a.y) reinterpret_cast<float4*>(a.y + base + 128 * warp)[lane] = make_float4(e4[0], e4[1], e4[2], e4[3]);
   float amax = fmaxf(fmaxf(fabsf(e4[0]), fabsf(e4[1])), fmaxf(fabsf(e4[2]), fabsf(e4[3])));
   amax = warp_max(amax);
   int ex = 0;
@@ -156,14 +159,15 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
 }  // namespace
 
 bool chain_supported(int64_t dim, int64_t block, bool norm) {
-  return block == kChunk && dim > 0 && dim % kChunk == 0 && (!norm || dim / kChunk <= 8);
+  return (block == kChunk || block == 0) && dim > 0 && dim % kChunk == 0 && (!norm || dim / kChunk <= 8);
 }
 
 void launch_norm_rotate_quantize(float* x, const float* res, const float* w, float* n, const float* signs, float* y,
-                                 void* xq, int64_t rows, int64_t dim, float eps, cudaStream_t s) {
+                                 void* xq, int64_t rows, int64_t dim, float eps, bool rotate, cudaStream_t s) {
   if (rows <= 0) return;
   ChainArgs a{};
-  a.x = x, a.res = res, a.w = w, a.n = n, a.signs = signs, a.y = y, a.dim = dim, a.eps = eps;
+  a.x = x, a.res = res, a.w = w, a.n = n, a.signs = signs, a.y = rotate ? y : nullptr, a.dim = dim, a.eps = eps;
+  a.rotate = rotate;
   a.xq = static_cast<uint8_t*>(xq);
   a.meta = reinterpret_cast<int32_t*>(a.xq + static_cast<size_t>(rows) * (dim / 128) * kXqRecord);
   const unsigned chunks = static_cast<unsigned>(dim / kChunk);
@@ -172,10 +176,11 @@ void launch_norm_rotate_quantize(float* x, const float* res, const float* w, flo
 }
 
 void launch_swiglu_rotate_quantize(const float* gate, const float* up, const float* signs, float* y, void* xq,
-                                   int64_t rows, int64_t dim, cudaStream_t s) {
+                                   int64_t rows, int64_t dim, bool rotate, cudaStream_t s) {
   if (rows <= 0) return;
   ChainArgs a{};
   a.gate = gate, a.up = up, a.signs = signs, a.y = y, a.dim = dim;
+  a.rotate = rotate;
   a.xq = static_cast<uint8_t*>(xq);
   a.meta = reinterpret_cast<int32_t*>(a.xq + static_cast<size_t>(rows) * (dim / 128) * kXqRecord);
   launch_pdl(chain_kernel<false>, dim3(static_cast<unsigned>(dim / kChunk), static_cast<unsigned>(rows)),

@@ -73,6 +73,9 @@ class CudaBackend final : public Backend {
     kquant_mma_ = env_flag("DFLASH_CUDA_KQUANT_MMA", true);
     // attention_prep as one kernel; DFLASH_CUDA_FUSED_PREP=0 runs the op sequence (for comparison).
     fused_prep_ = env_flag("DFLASH_CUDA_FUSED_PREP", true);
+    // matmul_group of small block-layout weights (GDN alpha | beta) in one launch; =0: one each.
+    split_group_ = env_flag("DFLASH_CUDA_SPLIT_GROUP", true);
+    chain_plain_ = env_flag("DFLASH_CUDA_CHAIN_PLAIN", true);
   }
 
   ~CudaBackend() override {
@@ -245,6 +248,19 @@ class CudaBackend final : public Backend {
       ys[i] = outs[i].y;
     }
     if (!one_launch) {
+      // Small block-layout weights of one type (GDN alpha | beta): one launch of the k-split kernel.
+      if (split_group_ && outs.size() >= 2 && outs.size() <= static_cast<size_t>(cuda::kTernaryMaxGroup)) {
+        for (size_t i = 0; i < outs.size(); ++i) {
+          dws[i] = dev_weight(*outs[i].w, "matmul_group");
+          ws[i] = &dws[i];
+          ys[i] = outs[i].y;
+        }
+        if (cuda::launch_matmul_split_group(ws, ys, static_cast<int>(outs.size()), x, M, stream_)) {
+          for (size_t i = 0; i < outs.size(); ++i) note_write(ys[i], sizeof(float) * M * dws[i].out);
+          after("matmul");
+          return;
+        }
+      }
       Backend::matmul_group(outs, x, M);
       return;
     }
@@ -266,12 +282,14 @@ class CudaBackend final : public Backend {
   // few warps with long serial chains.
   void residual_norm_rotate(float* x, const float* res, const float* w, float* n, float* y, const Rotation& rot,
                             int64_t rows, int64_t dim, float eps) override {
-    if (chain_ && rot.block > 0 && !rot.perm && rows <= 65535 && cuda::chain_supported(dim, rot.block, true)) {
-      // one kernel: (residual +) norm, rotation, and the next ternary matmul's quantization of y
+    if (use_chain(rot, rows) && cuda::chain_supported(dim, rot.block, true)) {
+      // one kernel: (residual +) norm, rotation, and the next integer matmul's quantization of its input
+      // (y, or n without rotation)
       void* xq = scratch(kScratchMatmulXq, cuda::ternary_scratch(dim, rows).xq_bytes);
-      cuda::launch_norm_rotate_quantize(x, res, w, n, rot.signs, y, xq, rows, dim, eps, stream_);
+      const bool rotate = rot.block > 0;
+      cuda::launch_norm_rotate_quantize(x, res, w, n, rot.signs, y, xq, rows, dim, eps, rotate, stream_);
       after("residual_norm_rotate");
-      xq_ = XqKey{y, rows, dim, xq, true};
+      xq_ = XqKey{rotate ? y : n, rows, dim, xq, true};
       return;
     }
     if (!res) {
@@ -286,14 +304,19 @@ class CudaBackend final : public Backend {
   }
   void swiglu_rotate(const float* gate, const float* up, float* y, const Rotation& rot, int64_t rows,
                      int64_t dim) override {
-    if (chain_ && rot.block > 0 && !rot.perm && rows <= 65535 && cuda::chain_supported(dim, rot.block, false)) {
+    if (use_chain(rot, rows) && cuda::chain_supported(dim, rot.block, false)) {
       void* xq = scratch(kScratchMatmulXq, cuda::ternary_scratch(dim, rows).xq_bytes);
-      cuda::launch_swiglu_rotate_quantize(gate, up, rot.signs, y, xq, rows, dim, stream_);
+      cuda::launch_swiglu_rotate_quantize(gate, up, rot.signs, y, xq, rows, dim, rot.block > 0, stream_);
       after("swiglu_rotate");
       xq_ = XqKey{y, rows, dim, xq, true};
       return;
     }
     Backend::swiglu_rotate(gate, up, y, rot, rows, dim);
+  }
+  // The fused chain kernels (chain.cu) take rotations of 1024-blocks without a permutation, and no
+  // rotation at all unless DFLASH_CUDA_CHAIN_PLAIN=0.
+  bool use_chain(const Rotation& rot, int64_t rows) const {
+    return chain_ && !rot.perm && rows <= 65535 && (rot.block > 0 || chain_plain_);
   }
   void matmul_prefill(const WeightRef& w, const float* x, float* y, int64_t M) override {
     const cuda::DevWeight dw = dev_weight(w, "matmul_prefill");
@@ -720,6 +743,8 @@ class CudaBackend final : public Backend {
   bool chain_ = true;
   bool kquant_mma_ = true;
   bool fused_prep_ = true;
+  bool split_group_ = true;
+  bool chain_plain_ = true;
   bool capturing_ = false;
 };
 

@@ -52,6 +52,11 @@ TernaryScratch matmul_scratch(const DevWeight& w, int64_t M);
 // num_sms: the device's multiprocessors (it sets the k split of a weight, never M).
 void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf, int num_sms,
                    cudaStream_t s);
+// Up to kTernaryMaxGroup weights in the file's block layout, of one type (F32, F16, BF16, Q8_0) and
+// input width, each with few outputs (the small-output k-split kernel: GDN alpha / beta), sharing x:
+// one launch, each output's bits as its own matmul. Returns false (nothing launched) otherwise.
+bool launch_matmul_split_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
+                               cudaStream_t s);
 // Prefill product (Backend::matmul_prefill): a tensor-core kernel whose rounding may depend on M.
 // Returns false when it has no kernel for this weight / M (the caller then uses launch_matmul).
 bool launch_matmul_prefill(const DevWeight& w, const float* x, float* y, int64_t M, cudaStream_t s);
@@ -196,12 +201,13 @@ constexpr int64_t kTopKMax = 64;
 
 // ---- matmul-input chains (chain.cu): rotation blocks of 1024, quantized for the ternary matmul --------
 // xq: ternary_scratch(dim, rows).xq_bytes of scratch, written as the ternary matmul's activation records.
-// The norm chain needs dim / 1024 <= 8 (one cluster per row).
+// The norm chain needs dim / 1024 <= 8 (one cluster per row). block: 1024 (rotate) or 0 (no rotation:
+// xq holds the quantization of n (norm) or y (swiglu); the norm chain then leaves y untouched).
 bool chain_supported(int64_t dim, int64_t block, bool norm);
 void launch_norm_rotate_quantize(float* x, const float* res, const float* w, float* n, const float* signs, float* y,
-                                 void* xq, int64_t rows, int64_t dim, float eps, cudaStream_t s);
+                                 void* xq, int64_t rows, int64_t dim, float eps, bool rotate, cudaStream_t s);
 void launch_swiglu_rotate_quantize(const float* gate, const float* up, const float* signs, float* y, void* xq,
-                                   int64_t rows, int64_t dim, cudaStream_t s);
+                                   int64_t rows, int64_t dim, bool rotate, cudaStream_t s);
 
 // ---- DFlash 2 selector walk (selector.cu): Backend::selector_walk, one CTA -----------------------------
 size_t selector_walk_smem_bytes(int64_t top_k, int64_t rank);

@@ -333,14 +333,40 @@ struct SplitCfg {
   static constexpr int U = (T == kTQ1_0 || T == kPTQ1_0) ? 1 : R <= 2 ? 4 : (R <= 4 ? 2 : 1);
 };
 
+// Up to kTernaryMaxGroup weights of one type and K that share the input x, in one launch (matmul_group:
+// GDN's alpha and beta): CTAs [cta_end of the previous weight, cta_end) compute this weight's outputs.
+// A CTA's arithmetic is the single-weight kernel's, so grouping changes no bits.
+struct SplitPart {
+  const uint8_t* W;
+  size_t row_stride;
+  int64_t N;
+  float* y;
+  int cta_end;
+};
+struct SplitGroup {
+  SplitPart part[kTernaryMaxGroup];
+  int nparts;
+};
+
 template <int T, int R>
 __global__ void __launch_bounds__(kSplitWarps * 32)
-mm_blocks_split_kernel(const uint8_t* __restrict__ W, size_t row_stride, int64_t K, int64_t N,
-                       const float* __restrict__ x, float* __restrict__ y, bool xvec) {
+mm_blocks_split_kernel(const SplitGroup grp, int64_t K, const float* __restrict__ x, bool xvec) {
   constexpr int NR = SplitCfg<T, R>::NR, U = SplitCfg<T, R>::U;
   __shared__ float part[kSplitWarps][NR][R];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  const int64_t o0 = static_cast<int64_t>(blockIdx.x) * NR;
+  SplitPart sp = grp.part[0];
+  int cta_begin = 0;
+#pragma unroll
+  for (int k = 1; k < kTernaryMaxGroup; ++k)
+    if (k < grp.nparts && static_cast<int>(blockIdx.x) >= grp.part[k - 1].cta_end) {
+      cta_begin = grp.part[k - 1].cta_end;
+      sp = grp.part[k];
+    }
+  const uint8_t* __restrict__ W = sp.W;
+  const size_t row_stride = sp.row_stride;
+  const int64_t N = sp.N;
+  float* __restrict__ y = sp.y;
+  const int64_t o0 = static_cast<int64_t>(blockIdx.x - cta_begin) * NR;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxR;
   const int64_t chunks = (K + 255) / 256;
   const int64_t c_begin = chunks * warp / nw, c_end = chunks * (warp + 1) / nw;  // >= 1 chunk (nw <= chunks)
@@ -672,16 +698,30 @@ void dispatch_tiles(int64_t M, int64_t in, int64_t out, const float* x, float* y
   }
 }
 
+template <int T, int R>
+void launch_split_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t tiles, bool xvec,
+                        cudaStream_t s) {
+  constexpr int NS = SplitCfg<T, R>::NR;
+  SplitGroup g{};
+  g.nparts = n;
+  unsigned gx = 0;
+  for (int k = 0; k < n; ++k) {
+    gx += ceil_div_u(ws[k]->out, NS);
+    g.part[k] = SplitPart{ws[k]->data, ws[k]->row_stride, ws[k]->out, ys[k], static_cast<int>(gx)};
+  }
+  launch_pdl(mm_blocks_split_kernel<T, R>, dim3(gx, static_cast<unsigned>(tiles)), split_warps(ws[0]->in) * 32, 0, s,
+             g, ws[0]->in, x, xvec);
+}
+
 template <int T>
 struct BlocksRun {
   template <int R>
   struct At {
     static void run(const float* x, float* y, int64_t tiles, const DevWeight& w, bool xvec, cudaStream_t s) {
       if (use_split(w.in, w.out)) {
-        constexpr int NS = SplitCfg<T, R>::NR;
-        const dim3 grid(ceil_div_u(w.out, NS), static_cast<unsigned>(tiles));
-        launch_pdl(mm_blocks_split_kernel<T, R>, grid, split_warps(w.in) * 32, 0, s, w.data, w.row_stride, w.in,
-                   w.out, x, y, xvec);
+        const DevWeight* one[1] = {&w};
+        float* const ys[1] = {y};
+        launch_split_group<T, R>(one, ys, 1, x, tiles, xvec, s);
         return;
       }
       constexpr int NR = BlocksCfg<R>::NR;
@@ -717,7 +757,44 @@ void get_rows_blocks(const DevWeight& w, const int32_t* ids, float* y, int64_t M
       w.data, w.row_stride, w.in, w.out, ids, y);
 }
 
+template <int T>
+void run_split_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M, bool xvec,
+                     cudaStream_t s) {
+  const int64_t in = ws[0]->in, full = M / kMaxR, rest = M % kMaxR;
+  if (full > 0) launch_split_group<T, 8>(ws, ys, n, x, full, xvec, s);
+  if (rest == 0) return;
+  float* yr[kTernaryMaxGroup];
+  for (int k = 0; k < n; ++k) yr[k] = ys[k] + full * kMaxR * ws[k]->out;
+  const float* xr = x + full * kMaxR * in;
+  switch (rest) {
+    case 1: launch_split_group<T, 1>(ws, yr, n, xr, 1, xvec, s); break;
+    case 2: launch_split_group<T, 2>(ws, yr, n, xr, 1, xvec, s); break;
+    case 3: launch_split_group<T, 3>(ws, yr, n, xr, 1, xvec, s); break;
+    case 4: launch_split_group<T, 4>(ws, yr, n, xr, 1, xvec, s); break;
+    case 5: launch_split_group<T, 5>(ws, yr, n, xr, 1, xvec, s); break;
+    case 6: launch_split_group<T, 6>(ws, yr, n, xr, 1, xvec, s); break;
+    default: launch_split_group<T, 7>(ws, yr, n, xr, 1, xvec, s); break;
+  }
+}
+
 }  // namespace
+
+bool launch_matmul_split_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
+                               cudaStream_t s) {
+  if (n < 1 || n > kTernaryMaxGroup || M <= 0 || M > 65535 * kMaxR) return false;
+  for (int k = 0; k < n; ++k)
+    if (ws[k]->layout != Layout::kBlocks || ws[k]->type != ws[0]->type || ws[k]->in != ws[0]->in ||
+        ws[k]->in % 8 != 0 || !use_split(ws[k]->in, ws[k]->out))
+      return false;
+  const bool xvec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ws[0]->in % 4 == 0;
+  switch (ws[0]->type) {
+    case kF32: run_split_group<kF32>(ws, ys, n, x, M, xvec, s); return true;
+    case kF16: run_split_group<kF16>(ws, ys, n, x, M, xvec, s); return true;
+    case kBF16: run_split_group<kBF16>(ws, ys, n, x, M, xvec, s); return true;
+    case kQ8_0: run_split_group<kQ8_0>(ws, ys, n, x, M, xvec, s); return true;
+    default: return false;  // the other types: one matmul each
+  }
+}
 
 bool matmul_supported(int type) {
   switch (type) {
