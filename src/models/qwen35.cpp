@@ -424,6 +424,7 @@ Backend::Rotation Qwen35Model::rotation(int64_t in, bool rotate, const int32_t* 
   if (!rotate) return r;
   r.signs = in == cfg_.n_embd ? signs_embd_ : in == cfg_.n_ff ? signs_ff_ : in == q_width() ? signs_q_ : signs_inner_;
   r.perm = perm;
+  r.perm_group = perm ? cfg_.ssm_head_v() : 0;  // the only perm: ssm_out's, which moves whole V heads
   r.block = prism_->block_size;
   return r;
 }

@@ -139,6 +139,10 @@ class Backend {
     const float* signs = nullptr;    // may be null (all +1)
     const int32_t* perm = nullptr;   // may be null
     int64_t block = 0;               // 0: no rotation
+    // A promise about perm: it moves whole groups of perm_group consecutive elements (perm[i] -
+    // perm[i - i % perm_group] == i % perm_group); 0: no promise. Lets a backend fuse a per-head op
+    // with the gather (gated_norm_rotate with perm_group == head_dim).
+    int64_t perm_group = 0;
   };
   // if res: x += res (x updated); n = rms_norm(x, w, eps); if rot: y = H(n), else y unused (may be
   // null; the matmul input is n). x, n, y distinct.

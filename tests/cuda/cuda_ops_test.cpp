@@ -244,12 +244,13 @@ struct ChainCase {
   int mode;  // 0 residual norm, 1 swiglu, 2 gated norm
   int64_t dim, block, head_dim;
   bool res, perm;
+  bool head_perm = false;  // perm moves whole heads (as ssm_out's) and the Rotation says so (perm_group)
 };
 
 std::string chain_name(const ChainCase& c) {
   static const char* names[] = {"residual_norm_rotate", "swiglu_rotate", "gated_norm_rotate"};
-  return fmt::format("{} dim {} block {}{}{}", names[c.mode], c.dim, c.block, c.res ? " +res" : "",
-                     c.perm ? " +perm" : "");
+  return fmt::format("{} dim {} block {}{}{}{}", names[c.mode], c.dim, c.block, c.res ? " +res" : "",
+                     c.perm ? " +perm" : "", c.head_perm ? " (whole heads)" : "");
 }
 
 // Runs the chain on `be` for M rows; returns the outputs {x after, n, y} (residual) or {y}.
@@ -259,7 +260,7 @@ std::vector<std::vector<float>> run_chain(Backend& be, const ChainCase& c, int64
   Buf<float> x(be, a), r(be, b), wb(be, w), sg(be, signs), n(be, M * c.dim), y(be, M * c.dim);
   Buf<int32_t> pm(be, perm);
   Backend::Rotation rot;
-  if (c.block > 0) rot = {sg, c.perm ? pm.get_ptr() : nullptr, c.block};
+  if (c.block > 0) rot = {sg, c.perm ? pm.get_ptr() : nullptr, c.block, c.head_perm ? c.head_dim : 0};
   if (c.mode == 0) {
     be.residual_norm_rotate(x, c.res ? r.get_ptr() : nullptr, wb, n, y, rot, M, c.dim, 1e-6f);
     return {x.get(), n.get(), c.block > 0 ? y.get() : std::vector<float>()};
@@ -279,7 +280,9 @@ TEST(CudaOps, MatmulInputChains) {
       {0, 256, 128, 0, true, false},   {1, 17408, 1024, 0, false, false}, {1, 1024, 256, 0, false, false},
       {1, 640, 0, 0, false, false},    {2, 6144, 1024, 128, false, true}, {2, 6144, 1024, 128, false, false},
       {2, 512, 512, 64, false, true},  {2, 384, 0, 128, false, false},    {0, 2048, 64, 0, true, false},
-      {1, 17408, 0, 0, false, false},  {0, 5120, 0, 0, false, false}};  // no rotation: the plain chain kernels
+      {1, 17408, 0, 0, false, false},  {0, 5120, 0, 0, false, false},     // no rotation: the plain chain kernels
+      {2, 6144, 1024, 128, false, true, true}, {2, 6144, 0, 128, false, false},  // the gated chain (GDN output)
+      {2, 2048, 1024, 64, false, true, true}};
   uint32_t seed = 900;
   for (const ChainCase& c : cases) {
     std::mt19937 rng(seed++);
@@ -288,7 +291,15 @@ TEST(CudaOps, MatmulInputChains) {
     for (auto& v : signs) v = (rng() & 1) ? 1.0f : -1.0f;
     std::vector<int32_t> perm(c.dim);
     std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
+    if (c.head_perm) {  // shuffle whole heads
+      std::vector<int32_t> heads(c.dim / c.head_dim);
+      std::iota(heads.begin(), heads.end(), 0);
+      std::shuffle(heads.begin(), heads.end(), rng);
+      for (int64_t i = 0; i < c.dim; ++i)
+        perm[i] = static_cast<int32_t>(heads[i / c.head_dim] * c.head_dim + i % c.head_dim);
+    } else {
+      std::shuffle(perm.begin(), perm.end(), rng);
+    }
     bool rows_same = true;
     for (int64_t M : {1, 3, 8}) {
       const auto a = randn_vec(rng, M * c.dim), b = randn_vec(rng, M * c.dim);
@@ -320,7 +331,8 @@ TEST(CudaOps, ChainQuantizationFeedsTheTernaryMatmul) {
                              {0, 5120, 1024, 0, false, false},
                              {0, 8192, 1024, 0, true, false},
                              {1, 17408, 1024, 0, false, false},
-                             {1, 1024, 1024, 0, false, false}};
+                             {1, 1024, 1024, 0, false, false},
+                             {2, 6144, 1024, 128, false, true, true}};  // GDN output: gated norm + whole-head gather
   uint32_t seed = 1500;
   for (const ChainCase& c : cases) {
     std::mt19937 rng(seed++);
@@ -328,15 +340,22 @@ TEST(CudaOps, ChainQuantizationFeedsTheTernaryMatmul) {
     const WeightRef wg = gpu().upload_weight(hw.bytes.data(), hw.type, c.dim, 320);
     std::vector<float> w = randn_vec(rng, c.dim), signs(c.dim);
     for (auto& v : signs) v = (rng() & 1) ? 1.0f : -1.0f;
+    std::vector<int32_t> perm(c.dim);  // whole heads in reverse order
+    for (int64_t i = 0; i < c.dim; ++i)
+      perm[i] = c.head_perm ? static_cast<int32_t>((c.dim / c.head_dim - 1 - i / c.head_dim) * c.head_dim + i % c.head_dim)
+                            : static_cast<int32_t>(i);
     for (int64_t M : {1, 3, 8}) {
       const auto a = randn_vec(rng, M * c.dim), b = randn_vec(rng, M * c.dim);
       Buf<float> x(gpu(), a), r(gpu(), b), wb(gpu(), w), sg(gpu(), signs), n(gpu(), M * c.dim), y(gpu(), M * c.dim);
+      Buf<int32_t> pm(gpu(), perm);
       Buf<float> out_chain(gpu(), M * 320), out_fresh(gpu(), M * 320);  // before the chain: uploads drop the cache
-      const Backend::Rotation rot{sg, nullptr, c.block};
+      const Backend::Rotation rot{sg, c.head_perm ? pm.get_ptr() : nullptr, c.block, c.head_perm ? c.head_dim : 0};
       if (c.mode == 0)
         gpu().residual_norm_rotate(x, c.res ? r.get_ptr() : nullptr, wb, n, y, rot, M, c.dim, 1e-6f);
-      else
+      else if (c.mode == 1)
         gpu().swiglu_rotate(x, r, y, rot, M, c.dim);
+      else
+        gpu().gated_norm_rotate(x, wb, r, y, rot, M, c.dim, c.head_dim, 1e-6f);
       const int64_t reused0 = cuda::quantizations_reused(gpu());
       gpu().matmul(wg, y, out_chain, M);  // reads the chain's quantization of y
       const bool used_chain = cuda::quantizations_reused(gpu()) == reused0 + 1;

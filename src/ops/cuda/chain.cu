@@ -33,6 +33,10 @@ constexpr int kPer = kChunk / kThreads;
 constexpr int kXqRecord = 384;  // 3 digit planes of 128 bytes (matmul_ternary.cu)
 
 struct ChainArgs {
+  const float* gx;     // gated norm: the input [rows, dim] (heads of head_dim)
+  const float* z;      // gated norm: the gate [rows, dim]
+  const int32_t* perm; // gated norm: null, or the rotation's gather (whole heads: perm[i] % head_dim == i % head_dim)
+  int64_t head_dim;    // gated norm: the norm's group, a multiple of 32 dividing 1024
   float* x;            // norm: the residual stream [rows, dim] (x += res when res)
   const float* res;    // norm: null or the residual [rows, dim]
   const float* w;      // norm: null or the weight [dim]
@@ -48,19 +52,50 @@ struct ChainArgs {
   float eps;
 };
 
-template <bool kNorm>
+// kMode 0: (residual +) RMS norm over the row; 1: SwiGLU; 2: RMS norm per head gated by silu(z)
+// (rms_norm_gated), the rotation's gather applied while loading (heads move whole, so a chunk holds
+// whole heads and each CTA normalises its own).
+template <int kMode>
 __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
   pdl_wait();
   __shared__ __align__(16) float buf[kChunk];
   __shared__ float wsum[kThreads / 32];
   __shared__ float chunk_ss;
+  __shared__ float head_inv[kChunk / 32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int chunk = blockIdx.x;
   const int64_t r = blockIdx.y;
   const int64_t c0 = static_cast<int64_t>(chunk) * kChunk;
   const int64_t base = r * a.dim + c0;
   float v[kPer];
-  if constexpr (kNorm) {
+  if constexpr (kMode == 2) {
+    // Load (gathered), squares into buf, per head: warp w sums heads w, w + 8, ... (lane: elements
+    // lane, lane + 32, ... of the head in order, then the butterfly), then each element is normed.
+    const int hd = static_cast<int>(a.head_dim), nh = kChunk / hd;
+    int64_t src[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = tid + kThreads * j;
+      src[j] = r * a.dim + (a.perm ? a.perm[c0 + i] : c0 + i);
+      v[j] = a.gx[src[j]];
+      buf[i] = v[j] * v[j];
+    }
+    __syncthreads();
+    for (int h = warp; h < nh; h += kThreads / 32) {
+      float ss = 0.0f;
+      for (int e = lane; e < hd; e += 32) ss += buf[h * hd + e];
+      ss = warp_sum(ss);
+      if (lane == 0) head_inv[h] = 1.0f / sqrtf(ss / static_cast<float>(hd) + a.eps);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = tid + kThreads * j;
+      const float q = v[j] * head_inv[i / hd];
+      v[j] = q * a.w[i % hd] * silu_f(a.z[src[j]]);
+    }
+    __syncthreads();  // buf is reused below
+  } else if constexpr (kMode == 0) {
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int i = tid + kThreads * j;
@@ -158,6 +193,11 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
 
 }  // namespace
 
+bool gated_chain_supported(int64_t dim, int64_t block, int64_t head_dim) {
+  return (block == kChunk || block == 0) && dim > 0 && dim % kChunk == 0 && head_dim >= 32 && head_dim % 32 == 0 &&
+         kChunk % head_dim == 0;
+}
+
 bool chain_supported(int64_t dim, int64_t block, bool norm) {
   return (block == kChunk || block == 0) && dim > 0 && dim % kChunk == 0 && (!norm || dim / kChunk <= 8);
 }
@@ -171,7 +211,7 @@ void launch_norm_rotate_quantize(float* x, const float* res, const float* w, flo
   a.xq = static_cast<uint8_t*>(xq);
   a.meta = reinterpret_cast<int32_t*>(a.xq + static_cast<size_t>(rows) * (dim / 128) * kXqRecord);
   const unsigned chunks = static_cast<unsigned>(dim / kChunk);
-  (void)launch_ex(chain_kernel<true>, dim3(chunks, static_cast<unsigned>(rows)), dim3(kThreads), 0, s,
+  (void)launch_ex(chain_kernel<0>, dim3(chunks, static_cast<unsigned>(rows)), dim3(kThreads), 0, s,
                   dim3(chunks, 1, 1), pdl_enabled(), a);
 }
 
@@ -183,8 +223,22 @@ void launch_swiglu_rotate_quantize(const float* gate, const float* up, const flo
   a.rotate = rotate;
   a.xq = static_cast<uint8_t*>(xq);
   a.meta = reinterpret_cast<int32_t*>(a.xq + static_cast<size_t>(rows) * (dim / 128) * kXqRecord);
-  launch_pdl(chain_kernel<false>, dim3(static_cast<unsigned>(dim / kChunk), static_cast<unsigned>(rows)),
+  launch_pdl(chain_kernel<1>, dim3(static_cast<unsigned>(dim / kChunk), static_cast<unsigned>(rows)),
              dim3(kThreads), 0, s, a);
+}
+
+void launch_gated_norm_rotate_quantize(const float* x, const float* w, const float* z, const float* signs,
+                                       const int32_t* perm, float* y, void* xq, int64_t rows, int64_t dim,
+                                       int64_t head_dim, float eps, bool rotate, cudaStream_t s) {
+  if (rows <= 0) return;
+  ChainArgs a{};
+  a.gx = x, a.w = w, a.z = z, a.signs = signs, a.perm = perm, a.y = y, a.dim = dim, a.eps = eps;
+  a.head_dim = head_dim;
+  a.rotate = rotate;
+  a.xq = static_cast<uint8_t*>(xq);
+  a.meta = reinterpret_cast<int32_t*>(a.xq + static_cast<size_t>(rows) * (dim / 128) * kXqRecord);
+  launch_pdl(chain_kernel<2>, dim3(static_cast<unsigned>(dim / kChunk), static_cast<unsigned>(rows)), dim3(kThreads),
+             0, s, a);
 }
 
 }  // namespace dflash::cuda

@@ -76,6 +76,8 @@ class CudaBackend final : public Backend {
     // matmul_group of small block-layout weights (GDN alpha | beta) in one launch; =0: one each.
     split_group_ = env_flag("DFLASH_CUDA_SPLIT_GROUP", true);
     chain_plain_ = env_flag("DFLASH_CUDA_CHAIN_PLAIN", true);
+    // gated_norm_rotate (GDN's output norm, the ssm_out gather, rotation, quantization) as one kernel.
+    gated_chain_ = env_flag("DFLASH_CUDA_CHAIN_GATED", true);
   }
 
   ~CudaBackend() override {
@@ -312,6 +314,23 @@ class CudaBackend final : public Backend {
       return;
     }
     Backend::swiglu_rotate(gate, up, y, rot, rows, dim);
+  }
+  void gated_norm_rotate(const float* x, const float* w, const float* z, float* y, const Rotation& rot, int64_t rows,
+                         int64_t dim, int64_t head_dim, float eps) override {
+    const auto xb = reinterpret_cast<uintptr_t>(x), yb = reinterpret_cast<uintptr_t>(y);
+    const size_t bytes = sizeof(float) * rows * dim;
+    const bool overlap = xb < yb + bytes && yb < xb + bytes;
+    const bool perm_ok = !rot.perm || (rot.perm_group == head_dim && !overlap);  // the gather crosses chunks
+    if (chain_ && gated_chain_ && perm_ok && rows <= 65535 && (rot.block > 0 || chain_plain_) &&
+        cuda::gated_chain_supported(dim, rot.block, head_dim)) {
+      void* xq = scratch(kScratchMatmulXq, cuda::ternary_scratch(dim, rows).xq_bytes);
+      cuda::launch_gated_norm_rotate_quantize(x, w, z, rot.signs, rot.perm, y, xq, rows, dim, head_dim, eps,
+                                              rot.block > 0, stream_);
+      after("gated_norm_rotate");
+      xq_ = XqKey{y, rows, dim, xq, true};
+      return;
+    }
+    Backend::gated_norm_rotate(x, w, z, y, rot, rows, dim, head_dim, eps);
   }
   // The fused chain kernels (chain.cu) take rotations of 1024-blocks without a permutation, and no
   // rotation at all unless DFLASH_CUDA_CHAIN_PLAIN=0.
@@ -745,6 +764,7 @@ class CudaBackend final : public Backend {
   bool fused_prep_ = true;
   bool split_group_ = true;
   bool chain_plain_ = true;
+  bool gated_chain_ = true;
   bool capturing_ = false;
 };
 

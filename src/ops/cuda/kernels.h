@@ -208,6 +208,13 @@ void launch_norm_rotate_quantize(float* x, const float* res, const float* w, flo
                                  void* xq, int64_t rows, int64_t dim, float eps, bool rotate, cudaStream_t s);
 void launch_swiglu_rotate_quantize(const float* gate, const float* up, const float* signs, float* y, void* xq,
                                    int64_t rows, int64_t dim, bool rotate, cudaStream_t s);
+// Backend::gated_norm_rotate as one kernel: rms_norm_gated per head of head_dim (a multiple of 32
+// dividing 1024), the rotation's gather perm (null, or one that moves whole heads) applied on load,
+// then the rotation (rotate) and the quantization of y. y must not overlap x when perm is set.
+bool gated_chain_supported(int64_t dim, int64_t block, int64_t head_dim);
+void launch_gated_norm_rotate_quantize(const float* x, const float* w, const float* z, const float* signs,
+                                       const int32_t* perm, float* y, void* xq, int64_t rows, int64_t dim,
+                                       int64_t head_dim, float eps, bool rotate, cudaStream_t s);
 
 // ---- DFlash 2 selector walk (selector.cu): Backend::selector_walk, one CTA -----------------------------
 size_t selector_walk_smem_bytes(int64_t top_k, int64_t rank);
