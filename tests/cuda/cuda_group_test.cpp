@@ -6,7 +6,6 @@
 
 #include <cstring>
 #include <random>
-#include <thread>
 
 #include "cuda_test_util.h"
 #include "ops/cuda/cuda_backend.h"
@@ -15,26 +14,13 @@
 namespace dflash::cudatest {
 namespace {
 
-std::vector<uint8_t> weight_bytes(GgmlType t, int64_t in, int64_t out, uint32_t seed) {
-  const size_t rb = row_bytes(t, in);
-  std::vector<uint8_t> bytes(rb * out);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> row(in);
-  for (int64_t o = 0; o < out; ++o) {
-    for (auto& v : row) v = d(rng);
-    quantize_row(t, row.data(), bytes.data() + rb * o, in);
-  }
-  return bytes;
-}
-
 void split_group_case(GgmlType t, int64_t in, const std::vector<int64_t>& outs, const std::vector<int64_t>& Ms,
                       uint32_t seed) {
   std::vector<std::vector<uint8_t>> host;
   std::vector<WeightRef> wg;
   std::string shape = fmt::format("{} in {} outs", type_name(t), in);
   for (size_t i = 0; i < outs.size(); ++i) {
-    host.push_back(weight_bytes(t, in, outs[i], seed + static_cast<uint32_t>(i)));
+    host.push_back(make_weight(t, in, outs[i], seed + static_cast<uint32_t>(i)).bytes);
     wg.push_back(gpu().upload_weight(host.back().data(), t, in, outs[i]));
     shape += fmt::format(" {}", outs[i]);
   }

@@ -11,7 +11,6 @@
 
 #include <cstring>
 #include <random>
-#include <thread>
 
 #include "cuda_test_util.h"
 #include "ops/cuda/cuda_backend.h"
@@ -20,28 +19,9 @@
 namespace dflash::cudatest {
 namespace {
 
-std::vector<uint8_t> random_weight(GgmlType t, int64_t in, int64_t out, uint32_t seed) {
-  const size_t rb = row_bytes(t, in);
-  std::vector<uint8_t> bytes(rb * out);
-  const int nt = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> th;
-  for (int k = 0; k < nt; ++k)
-    th.emplace_back([&, k] {
-      std::vector<float> row(in);
-      for (int64_t o = k; o < out; o += nt) {
-        std::mt19937 rng(seed * 7919u + static_cast<uint32_t>(o));
-        std::normal_distribution<float> d(0.0f, 1.0f);
-        for (auto& v : row) v = d(rng);
-        quantize_row(t, row.data(), bytes.data() + rb * o, in);
-      }
-    });
-  for (auto& x : th) x.join();
-  return bytes;
-}
-
 // The matmul against the CPU, each row of the M-row call against its one-row call, and the layout.
 void kquant_case(GgmlType t, int64_t in, int64_t out, const std::vector<int64_t>& Ms, uint32_t seed) {
-  const auto bytes = random_weight(t, in, out, seed);
+  const auto bytes = make_weight(t, in, out, seed).bytes;
   const WeightRef wg = gpu().upload_weight(bytes.data(), t, in, out);
   const WeightRef wc = cpu().upload_weight(bytes.data(), t, in, out);
   const std::string layout = cuda::weight_layout(gpu(), wg);
@@ -109,7 +89,7 @@ TEST(CudaKQuant, GroupSharedInput) {
   std::vector<std::vector<uint8_t>> bytes;
   std::vector<WeightRef> wg, wc;
   for (int i = 0; i < 2; ++i) {
-    bytes.push_back(random_weight(GgmlType::Q4_K, in, outs[i], 980 + i));
+    bytes.push_back(make_weight(GgmlType::Q4_K, in, outs[i], 980 + i).bytes);
     wg.push_back(gpu().upload_weight(bytes.back().data(), GgmlType::Q4_K, in, outs[i]));
     wc.push_back(cpu().upload_weight(bytes.back().data(), GgmlType::Q4_K, in, outs[i]));
   }
@@ -148,7 +128,7 @@ TEST(CudaKQuant, GetRowsBitExact) {
   uint32_t seed = 990;
   for (GgmlType t : types) {
     const int64_t in = 512, out = 70;
-    const auto bytes = random_weight(t, in, out, seed++);
+    const auto bytes = make_weight(t, in, out, seed++).bytes;
     const WeightRef wg = gpu().upload_weight(bytes.data(), t, in, out);
     const WeightRef wc = cpu().upload_weight(bytes.data(), t, in, out);
     const std::vector<int32_t> ids = {0, 69, 15, 16, 33, 64, 1};

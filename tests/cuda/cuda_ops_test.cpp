@@ -29,35 +29,6 @@
 namespace dflash::cudatest {
 namespace {
 
-// ---- weights ------------------------------------------------------------------------------------
-
-struct HostWeight {
-  GgmlType type;
-  int64_t in, out;
-  std::vector<uint8_t> bytes;
-};
-
-// Random N(0,1) rows quantized by the reference quantizers (threads over rows).
-HostWeight make_weight(GgmlType t, int64_t in, int64_t out, uint32_t seed) {
-  HostWeight w{t, in, out, {}};
-  const size_t rb = row_bytes(t, in);
-  w.bytes.resize(rb * out);
-  const int nt = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> th;
-  for (int k = 0; k < nt; ++k)
-    th.emplace_back([&, k] {
-      std::vector<float> row(in);
-      for (int64_t o = k; o < out; o += nt) {
-        std::mt19937 rng(seed * 1000003u + static_cast<uint32_t>(o));
-        std::normal_distribution<float> d(0.0f, 1.0f);
-        for (auto& v : row) v = d(rng);
-        quantize_row(t, row.data(), w.bytes.data() + rb * o, in);
-      }
-    });
-  for (auto& x : th) x.join();
-  return w;
-}
-
 const GgmlType kAllTypes[] = {GgmlType::F32,   GgmlType::F16,   GgmlType::BF16,  GgmlType::Q8_0, GgmlType::Q4_0,
                               GgmlType::Q4_K,  GgmlType::Q5_K,  GgmlType::Q6_K,  GgmlType::TQ1_0, GgmlType::TQ2_0,
                               GgmlType::Q1_0,  GgmlType::Q2_0,  GgmlType::PQ2_0, GgmlType::PTQ1_0};

@@ -9,14 +9,17 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ops/backend.h"
+#include "quant/types.h"
 
 namespace dflash::cudatest {
 
@@ -38,6 +41,33 @@ struct Record {
 };
 void record(const Record& r);
 const std::vector<Record>& records();
+
+// A weight as the file holds it: random N(0,1) rows quantized by the reference quantizers (threads
+// over rows; row o's values depend on seed and o only).
+struct HostWeight {
+  GgmlType type;
+  int64_t in, out;
+  std::vector<uint8_t> bytes;
+};
+inline HostWeight make_weight(GgmlType t, int64_t in, int64_t out, uint32_t seed) {
+  HostWeight w{t, in, out, {}};
+  const size_t rb = row_bytes(t, in);
+  w.bytes.resize(rb * out);
+  const int nt = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> th;
+  for (int k = 0; k < nt; ++k)
+    th.emplace_back([&, k] {
+      std::vector<float> row(in);
+      for (int64_t o = k; o < out; o += nt) {
+        std::mt19937 rng(seed * 1000003u + static_cast<uint32_t>(o));
+        std::normal_distribution<float> d(0.0f, 1.0f);
+        for (auto& v : row) v = d(rng);
+        quantize_row(t, row.data(), w.bytes.data() + rb * o, in);
+      }
+    });
+  for (auto& x : th) x.join();
+  return w;
+}
 
 inline std::vector<float> rand_vec(std::mt19937& rng, size_t n, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> d(lo, hi);

@@ -155,19 +155,15 @@ class CudaBackend final : public Backend {
       const size_t code_bytes = static_cast<size_t>(out) * (in / 4);
       const size_t scale_off = (code_bytes + 255) / 256 * 256;
       const size_t total = scale_off + static_cast<size_t>(out) * (in / 128) * 2;
-      uint8_t* buf = static_cast<uint8_t*>(device_alloc(total, "weight"));
-      void* raw = device_alloc(file_bytes, "weight staging");
-      DFLASH_CUDA_CALL(cudaMemcpyAsync(raw, host_data, file_bytes, cudaMemcpyHostToDevice, stream_));
-      auto* scales = reinterpret_cast<uint16_t*>(buf + scale_off);
-      if (type == GgmlType::PTQ1_0)
-        cuda::launch_ptq1_to_planar2(static_cast<const uint8_t*>(raw), buf, scales, in, out, stream_);
-      else
-        cuda::launch_pq2_to_planar2(static_cast<const uint8_t*>(raw), buf, scales, in, out, stream_);
-      after("upload_weight transcode");
-      DFLASH_CUDA_CALL(cudaStreamSynchronize(stream_));
-      DFLASH_CUDA_CALL(cudaFree(raw));
+      uint8_t* buf = upload_transcoded(host_data, file_bytes, total, [&](const uint8_t* raw, uint8_t* dst) {
+        auto* sc = reinterpret_cast<uint16_t*>(dst + scale_off);
+        if (type == GgmlType::PTQ1_0)
+          cuda::launch_ptq1_to_planar2(raw, dst, sc, in, out, stream_);
+        else
+          cuda::launch_pq2_to_planar2(raw, dst, sc, in, out, stream_);
+      });
       dw.data = buf;
-      dw.scales = scales;
+      dw.scales = reinterpret_cast<const uint16_t*>(buf + scale_off);
       dw.layout = cuda::Layout::kPlanar2;
       dw.row_stride = static_cast<size_t>(in / 4);
       weight_bytes_[buf] = total;
@@ -176,14 +172,9 @@ class CudaBackend final : public Backend {
       const size_t code_bytes = cuda::ternary_code_bytes(in, out);
       const size_t scale_off = (code_bytes + 255) / 256 * 256;
       const size_t total = scale_off + cuda::ternary_scale_bytes(in, out);
-      uint8_t* buf = static_cast<uint8_t*>(device_alloc(total, "weight"));
-      void* raw = device_alloc(file_bytes, "weight staging");
-      DFLASH_CUDA_CALL(cudaMemcpyAsync(raw, host_data, file_bytes, cudaMemcpyHostToDevice, stream_));
-      cuda::launch_to_ternary_mma(static_cast<const uint8_t*>(raw), type == GgmlType::PTQ1_0, buf, buf + scale_off,
-                                  in, out, stream_);
-      after("upload_weight transcode");
-      DFLASH_CUDA_CALL(cudaStreamSynchronize(stream_));
-      DFLASH_CUDA_CALL(cudaFree(raw));
+      uint8_t* buf = upload_transcoded(host_data, file_bytes, total, [&](const uint8_t* raw, uint8_t* dst) {
+        cuda::launch_to_ternary_mma(raw, type == GgmlType::PTQ1_0, dst, dst + scale_off, in, out, stream_);
+      });
       dw.data = buf;
       dw.scales = reinterpret_cast<const uint16_t*>(buf + scale_off);
       dw.layout = cuda::Layout::kTernaryMma;
@@ -193,14 +184,9 @@ class CudaBackend final : public Backend {
       const size_t code_bytes = cuda::kquant_code_bytes(static_cast<int>(type), in, out);
       const size_t scale_off = (code_bytes + 255) / 256 * 256;
       const size_t total = scale_off + cuda::kquant_scale_bytes(in, out);
-      uint8_t* buf = static_cast<uint8_t*>(device_alloc(total, "weight"));
-      void* raw = device_alloc(file_bytes, "weight staging");
-      DFLASH_CUDA_CALL(cudaMemcpyAsync(raw, host_data, file_bytes, cudaMemcpyHostToDevice, stream_));
-      cuda::launch_to_kquant_mma(static_cast<const uint8_t*>(raw), static_cast<int>(type), buf, buf + scale_off, in,
-                                 out, stream_);
-      after("upload_weight transcode");
-      DFLASH_CUDA_CALL(cudaStreamSynchronize(stream_));
-      DFLASH_CUDA_CALL(cudaFree(raw));
+      uint8_t* buf = upload_transcoded(host_data, file_bytes, total, [&](const uint8_t* raw, uint8_t* dst) {
+        cuda::launch_to_kquant_mma(raw, static_cast<int>(type), dst, dst + scale_off, in, out, stream_);
+      });
       dw.data = buf;
       dw.scales = reinterpret_cast<const uint16_t*>(buf + scale_off);
       dw.layout = cuda::Layout::kKQuantMma;
@@ -225,6 +211,21 @@ class CudaBackend final : public Backend {
     w.out = out;
     w.row_bytes = rb;
     return w;
+  }
+
+  // A weight transcoded on the device: the file's bytes go to a staging buffer, transcode(raw, dst)
+  // enqueues the kernels that write the `total` bytes of the new allocation, and the staging buffer is
+  // freed once they are done (the caller's host bytes may go away after upload_weight returns).
+  template <class Transcode>
+  uint8_t* upload_transcoded(const void* host_data, size_t file_bytes, size_t total, Transcode&& transcode) {
+    uint8_t* buf = static_cast<uint8_t*>(device_alloc(total, "weight"));
+    void* raw = device_alloc(file_bytes, "weight staging");
+    DFLASH_CUDA_CALL(cudaMemcpyAsync(raw, host_data, file_bytes, cudaMemcpyHostToDevice, stream_));
+    transcode(static_cast<const uint8_t*>(raw), buf);
+    after("upload_weight transcode");
+    DFLASH_CUDA_CALL(cudaStreamSynchronize(stream_));
+    DFLASH_CUDA_CALL(cudaFree(raw));
+    return buf;
   }
 
   // ---- linear algebra ---------------------------------------------------------------------------
