@@ -9,7 +9,8 @@
 //   draft<B>   one drafter step (with a drafter; device-resident, as in a speculative cycle), against
 //              one decode step
 //   spec<N>    DFlash speculative generation of N tokens (with a drafter): tok/s, acceptance length
-// Every rate is the mean over --reps runs (± standard deviation). Decode rows also give the bytes a
+// Every rate is the mean over --reps runs (± standard deviation), after one untimed warm-up run of the
+// test (--no-warmup: none). Decode rows also give the bytes a
 // step must move (every weight once, the embedding's one row, GDN state read + write, KV cache read)
 // over the measured time, against the streaming-read bandwidth measured in the same run: the
 // bandwidth floor.
@@ -57,6 +58,7 @@ struct BenchArgs {
   int64_t block = 8;
   int reps = 3;
   bool no_spec = false;
+  bool no_warmup = false;  // skip the untimed run before each test (lazy kernel loading, graph captures)
   bool json = false;
 };
 
@@ -193,9 +195,18 @@ void bench(const BenchArgs& a) {
   if (spec_prompt.empty()) spec_prompt = random_ids(32);
 
   std::vector<Row> rows;
+  // Each test first runs once untimed (unless --no-warmup), as llama-bench does: the first run pays
+  // one-time costs (CUDA loads each kernel at its first launch, step graphs are captured at their
+  // first use, scratch buffers grow) that would otherwise land in the first repetition.
+  const bool warm = !a.no_warmup;
   // ---- pp
   {
     std::vector<double> rates;
+    if (warm) {
+      model->reset();
+      prefill(*model, random_ids(a.n_prompt));
+      be->synchronize();
+    }
     for (int r = 0; r < a.reps; ++r) {
       const auto prompt = random_ids(a.n_prompt);
       model->reset();
@@ -215,11 +226,15 @@ void bench(const BenchArgs& a) {
   double decode_ms = 0;
   {
     std::vector<double> rates;
-    for (int r = 0; r < a.reps; ++r) {
+    for (int r = warm ? -1 : 0; r < a.reps; ++r) {  // r = -1: the warm-up (4 steps, not recorded)
       model->reset();
       int32_t tok = prefill(*model, random_ids(16));
       ForwardOptions fo;
       fo.logits = LogitRows::kLast;
+      if (r < 0) {
+        for (int i = 0; i < 4; ++i) tok = model->forward(std::span(&tok, 1), fo).argmax[0];
+        continue;
+      }
       const auto t0 = Clock::now();
       for (int64_t i = 0; i < a.n_gen; ++i) tok = model->forward(std::span(&tok, 1), fo).argmax[0];
       rates.push_back(a.n_gen / seconds(t0));
@@ -245,6 +260,13 @@ void bench(const BenchArgs& a) {
     fo.want_taps = !topts.tap_layers.empty();
     fo.taps_on_device = true;  // as in a speculative cycle: the taps go to the drafter on the device
     const int iters = std::max<int>(8, static_cast<int>(a.n_gen / 4));
+    if (warm) {
+      const auto block = random_ids(a.block);
+      for (int i = 0; i < 2; ++i) {
+        model->forward(block, fo);
+        model->rollback(1);
+      }
+    }
     for (int r = 0; r < a.reps; ++r) {
       const auto block = random_ids(a.block);
       const auto t0 = Clock::now();
@@ -296,15 +318,16 @@ void bench(const BenchArgs& a) {
     std::vector<double> rates, taus, draft_ms, verify_ms;
     // reps runs for the speed (the host waits once per cycle), then one with timed phases (waits
     // around each draft too) for the split of a cycle into draft and verify time.
-    for (int r = 0; r <= a.reps; ++r) {
+    for (int r = warm ? -1 : 0; r <= a.reps; ++r) {  // r = -1: the warm-up (not recorded)
       Engine engine(*model, drafter.get());
       engine.reset();
       GenerateOptions go;
-      go.max_tokens = a.n_gen;
+      go.max_tokens = r < 0 ? std::min<int64_t>(a.n_gen, 32) : a.n_gen;
       go.block = a.block;
       go.speculative = true;
       go.time_phases = r == a.reps;
       const GenerateStats st = engine.generate(spec_prompt, go, [](int32_t) { return true; });
+      if (r < 0) continue;
       if (go.time_phases) {
         draft_ms.push_back(st.cycles ? 1e3 * st.draft_seconds / st.cycles : 0);
         verify_ms.push_back(st.cycles ? 1e3 * st.verify_seconds / st.cycles : 0);
@@ -382,6 +405,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--block", a->block, "verify width B (2..8)")->check(CLI::Range(2, 16));
   cmd->add_option("-r,--reps", a->reps, "repetitions of each test")->check(CLI::Range(1, 100));
   cmd->add_flag("--no-spec", a->no_spec, "skip the speculative test");
+  cmd->add_flag("--no-warmup", a->no_warmup, "time the first run of each test too (no untimed warm-up run)");
   cmd->add_flag("--json", a->json, "print the results as JSON");
   cmd->callback([a] { bench(*a); });
 }

@@ -107,5 +107,20 @@ TEST_F(BundledModel, BenchReportsEveryRow) {
   EXPECT_GT(j["rows"][4]["acceptance_length"].get<double>(), 1.0);  // the bundled drafter accepts something
 }
 
+// --no-warmup (time the first run too) is accepted and still reports every row; an unknown flag is a
+// usage error, not a crash.
+TEST_F(BundledModel, BenchWithoutWarmup) {
+  const std::string env = "DFLASH_MODELS_DIR=" + shell_quote(kModels.string());
+  const auto r = run("bench -r 1 -n 4 -p 8 -t 2 --no-spec --no-warmup --json", env);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  std::vector<std::string> tests;
+  for (const auto& row : j["rows"]) tests.push_back(row["test"]);
+  EXPECT_EQ(tests, (std::vector<std::string>{"pp8", "tg4", "verify8"}));
+  const auto bad = run("bench --no-warmups", env);
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("no-warmups"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace dflash::cli::bundled_test
