@@ -3,7 +3,8 @@
 //   dflash bench [-m TARGET] [-d DRAFTER] [--device cpu|cuda[:N]] [-p 512] [-n 128] [--block 8] [-r 3]
 //
 // Rows:
-//   pp<P>      prefill of P prompt tokens from an empty cache (chunks of --ubatch rows)
+//   pp<P>      prefill of P prompt tokens from an empty cache (chunks of --ubatch rows), with the
+//              weight matmuls' TFLOP/s
 //   tg<N>      plain greedy decode of N tokens (one row per step)
 //   verify<B>  one undoable B-row target forward + rollback, against one decode step
 //   draft<B>   one drafter step (with a drafter; device-resident, as in a speculative cycle), against
@@ -141,6 +142,18 @@ double decode_bytes(const gguf::File& f, const TargetConfig& c, int64_t pos) {
   return bytes;
 }
 
+// Multiply-adds per prompt token in the weight matmuls: the elements of every weight matrix (2-D, rows
+// of >= 64; not the embedding, a lookup, nor the output head, which a prefill applies to its last row
+// only). The pp row's TFLOP/s = 2 x this x tokens/s (attention's score and value products not counted).
+double matmul_params(const gguf::File& f) {
+  double n = 0;
+  for (const auto& t : f.tensors()) {
+    if (t.name == "token_embd.weight" || t.name == "output.weight" || t.n_dims != 2 || t.ne[0] < 64) continue;
+    n += static_cast<double>(t.ne[0]) * static_cast<double>(t.ne[1]);
+  }
+  return n;
+}
+
 struct Row {
   std::string test;
   Stat tok_s;
@@ -220,6 +233,9 @@ void bench(const BenchArgs& a) {
     row.test = fmt::format("pp{}", a.n_prompt);
     row.tok_s = stat_of(rates);
     row.ms_per_tok = 1e3 / row.tok_s.mean;
+    const double tflops = 2.0 * matmul_params(file) * row.tok_s.mean / 1e12;
+    row.extra = fmt::format("{:.3g} TFLOP/s in the weight matmuls ({:.3g} G params)", tflops, matmul_params(file) / 1e9);
+    row.j["matmul_tflops"] = tflops;
     rows.push_back(row);
   }
   // ---- tg: decode after a 16-token prompt; the floor at the middle position

@@ -102,6 +102,7 @@ TEST_F(BundledModel, BenchReportsEveryRow) {
   }
   EXPECT_EQ(tests, (std::vector<std::string>{"pp16", "tg8", "verify8", "draft8", "spec8 b8"}));
   EXPECT_TRUE(j["rows"][1].contains("percent_of_floor"));
+  EXPECT_GT(j["rows"][0]["matmul_tflops"].get<double>(), 0.0);
   EXPECT_GT(j["read_bandwidth_gbs"].get<double>(), 0.0);
   EXPECT_GT(j["rows"][3]["draft_over_decode"].get<double>(), 0.0);
   EXPECT_GT(j["rows"][4]["acceptance_length"].get<double>(), 1.0);  // the bundled drafter accepts something
