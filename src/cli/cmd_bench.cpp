@@ -233,8 +233,8 @@ void bench(const BenchArgs& a) {
     row.test = fmt::format("pp{}", a.n_prompt);
     row.tok_s = stat_of(rates);
     row.ms_per_tok = 1e3 / row.tok_s.mean;
-    const double tflops = 2.0 * matmul_params(file) * row.tok_s.mean / 1e12;
-    row.extra = fmt::format("{:.3g} TFLOP/s in the weight matmuls ({:.3g} G params)", tflops, matmul_params(file) / 1e9);
+    const double params = matmul_params(file), tflops = 2.0 * params * row.tok_s.mean / 1e12;
+    row.extra = fmt::format("{:.3g} TFLOP/s in the weight matmuls ({:.3g} G params)", tflops, params / 1e9);
     row.j["matmul_tflops"] = tflops;
     rows.push_back(row);
   }
