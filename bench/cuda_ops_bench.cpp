@@ -416,6 +416,14 @@ int main(int argc, char** argv) {
             [&] { be->attention(q, kc, vc, rng_d + 14, o, 1, 24, 4, 256, 0.0625f); });
         row("attention", fmt::format("M=8, {} keys", keys),
             [&] { be->attention(q, kc, vc, rng_d, o, 8, 24, 4, 256, 0.0625f); });
+        // the 27B drafter's block: 8 rows over the whole context, 32 / 8 heads x 128 (same cache bytes)
+        std::vector<int32_t> hd(16);
+        for (int m = 0; m < 8; ++m) hd[2 * m] = 0, hd[2 * m + 1] = static_cast<int32_t>(keys);
+        int32_t* rng_dr = static_cast<int32_t*>(be->alloc(16 * 4));
+        be->upload(rng_dr, hd.data(), hd.size() * 4);
+        row("attention", fmt::format("M=8 drafter 32/8 heads x 128, {} keys", keys),
+            [&] { be->attention(q, kc, vc, rng_dr, o, 8, 32, 8, 128, 0.0884f); });
+        be->release(rng_dr);
         for (float* p : {kc, vc, q, o}) be->release(p);
         be->release(rng_d);
       }

@@ -203,7 +203,7 @@ class Qwen35Model final : public TargetModel {
   // non-undoable chunk.
   void mm_group(std::initializer_list<Backend::MatmulOut> outs, const float* x, int64_t M) {
     if (prefill_chunk_) {
-      for (const Backend::MatmulOut& o : outs) be_.matmul_prefill(*o.w, x, o.y, M);
+      be_.matmul_prefill_group(std::span<const Backend::MatmulOut>(outs.begin(), outs.size()), x, M);
     } else {
       be_.matmul_group(std::span<const Backend::MatmulOut>(outs.begin(), outs.size()), x, M);
     }
@@ -484,8 +484,16 @@ void Qwen35Model::attention_block(int il, const float* nin, float* y, int64_t M)
     be_.attention_prefill(q_, s.k_cache, s.v_cache, d_kv_range_, attn_, M, H, Hkv, hd, scale);
   else
     be_.attention(q_, s.k_cache, s.v_cache, d_kv_range_, attn_, M, H, Hkv, hd, scale);
-  if (cfg_.attn_output_gate) be_.mul_sigmoid(attn_, gate_, attn_, M * q_width());
-  const float* oin = rotated(attn_, M, q_width(), w.rot_attn_out, rot_);
+  const float* oin = attn_;
+  if (cfg_.attn_output_gate) {
+    // attn * sigmoid(gate), then (prism) the rotation of wo's input: one op (CUDA: one kernel with wo's
+    // activation quantization)
+    float* dst = w.rot_attn_out ? rot_ : attn_;
+    be_.sigmoid_gate_rotate(attn_, gate_, dst, rotation(q_width(), w.rot_attn_out), M, q_width());
+    oin = dst;
+  } else {
+    oin = rotated(attn_, M, q_width(), w.rot_attn_out, rot_);
+  }
   mm(w.wo, oin, y, M);
 }
 
@@ -508,11 +516,7 @@ void Qwen35Model::gdn_block(int il, const float* n, const float* nin, float* y, 
   const GdnShape shape{Hk, Hv, dk, dv};
   if (!undoable && M >= kChunkedThreshold) {
     // prefill: split q | k | v, prepare them and the gates, then the chunked form
-    be_.copy_rows(q_, Hk * dk, q, C, M, Hk * dk);
-    be_.copy_rows(k_, Hk * dk, k, C, M, Hk * dk);
-    be_.copy_rows(v_, Hv * dv, v, C, M, Hv * dv);
-    be_.l2_norm(q_, q_, M * Hk, dk, Backend::kGdnL2Eps, 1.0f / std::sqrt((float)dk));
-    be_.l2_norm(k_, k_, M * Hk, dk, Backend::kGdnL2Eps, 1.0f);
+    be_.gdn_split_qkv(big1_, q_, k_, v_, M, shape, Backend::kGdnL2Eps, 1.0f / std::sqrt((float)dk));
     be_.gdn_gates(a_, b_, w.dt_bias, w.ssm_a, M, Hv);  // alpha -> g (log-decay), b -> beta
     be_.gdn_chunked(q_, k_, v_, a_, b_, s.ssm_state, attn_, M, shape);
   } else {

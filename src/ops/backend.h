@@ -94,6 +94,11 @@ class Backend {
   virtual void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t M) {
     for (const MatmulOut& o : outs) matmul(*o.w, x, o.y, M);
   }
+  // matmul_prefill of weights sharing the input (prefill chunks; rounding may depend on M and the group).
+  // Default: matmul_prefill() each.
+  virtual void matmul_prefill_group(std::span<const MatmulOut> outs, const float* x, int64_t M) {
+    for (const MatmulOut& o : outs) matmul_prefill(*o.w, x, o.y, M);
+  }
   // y[M, w.in] = rows ids[M] of w, dequantized (embedding lookup).
   virtual void get_rows(const WeightRef& w, const int32_t* ids, float* y, int64_t M) = 0;
 
@@ -156,6 +161,12 @@ class Backend {
   virtual void swiglu_rotate(const float* gate, const float* up, float* y, const Rotation& rot, int64_t rows,
                              int64_t dim) {
     swiglu(gate, up, y, rows * dim);
+    if (rot.block > 0) hadamard(y, rot.signs, rot.perm, y, rows, dim, rot.block, /*inverse=*/false);
+  }
+  // y = x * sigmoid(gate) (the gated attention output), then rotated in place when rot. y may equal x.
+  virtual void sigmoid_gate_rotate(const float* x, const float* gate, float* y, const Rotation& rot, int64_t rows,
+                                   int64_t dim) {
+    mul_sigmoid(x, gate, y, rows * dim);
     if (rot.block > 0) hadamard(y, rot.signs, rot.perm, y, rows, dim, rot.block, /*inverse=*/false);
   }
   // y = rms_norm_gated(x, w, z) over heads of head_dim (w has head_dim values), then rotated in place
@@ -237,6 +248,19 @@ class Backend {
   // Gates: beta[M, Hv] = sigmoid(b), g[M, Hv] = a_log_decay * softplus(a + dt_bias) (in place into b, a).
   virtual void gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M,
                          int64_t n_v_heads) = 0;
+  // Prefill's split of the conv output rows [q | k | v] (row stride C = 2 Hk dk + Hv dv, heads of dk / dv)
+  // into contiguous q [M, Hk dk] = l2_norm(q) * q_scale, k [M, Hk dk] = l2_norm(k) and v [M, Hv dv], per
+  // head as l2_norm(x, y, rows, dk, eps, scale). The default is that op sequence (3 copy_rows, 2
+  // l2_norm); a backend that fuses it gives every element the same bits.
+  virtual void gdn_split_qkv(const float* conv, float* q, float* k, float* v, int64_t M, const GdnShape& sh,
+                             float eps, float q_scale) {
+    const int64_t C = 2 * sh.n_k_heads * sh.head_k + sh.n_v_heads * sh.head_v, qw = sh.n_k_heads * sh.head_k;
+    copy_rows(q, qw, conv, C, M, qw);
+    copy_rows(k, qw, conv + qw, C, M, qw);
+    copy_rows(v, sh.n_v_heads * sh.head_v, conv + 2 * qw, C, M, sh.n_v_heads * sh.head_v);
+    l2_norm(q, q, M * sh.n_k_heads, sh.head_k, eps, q_scale);
+    l2_norm(k, k, M * sh.n_k_heads, sh.head_k, eps, 1.0f);
+  }
   // The delta-rule recurrence over M rows, sequentially (q, k already l2-normed and q scaled):
   //   q, k [M, n_k_heads, head_k]; v [M, n_v_heads, head_v]; g, beta [M, n_v_heads]
   //   state [n_v_heads, head_k, head_v] (S[p][i][j], i = key dim, j = value dim), updated in place

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -102,6 +103,43 @@ TEST(CudaAttentionPrep, FusedEqualsTheOpSequence) {
       const std::string op = fmt::format("attention_prep {} fused == sequence", names[i]);
       check(op, c.name, a[i], b[i], 0, true);
       if (!c.bad_slot) check(fmt::format("attention_prep {} vs CPU", names[i]), c.name, a[i], ref.outputs(c)[i], 1e-11);
+    }
+  }
+}
+
+// Backend::gdn_split_qkv (prefill's q | k | v split and l2 norms) on the GPU: the fused kernel against
+// the op sequence on the GPU bit for bit, and against the CPU within the norm bound. Shapes: the 27B
+// target's GDN (16 K heads of 128, 48 V heads of 128) at a prefill chunk's and a tail's rows, and a
+// small odd one (3 heads of 64, v 320 wide).
+TEST(CudaGdnSplit, FusedEqualsTheOpSequence) {
+  REQUIRE_GPU();
+  struct C {
+    int64_t M, Hk, Hv, dk, dv;
+  };
+  const C cases[] = {{512, 16, 48, 128, 128}, {37, 16, 48, 128, 128}, {33, 3, 5, 64, 64}};
+  uint32_t seed = 1300;
+  for (const C& c : cases) {
+    const GdnShape sh{c.Hk, c.Hv, c.dk, c.dv};
+    const int64_t qw = c.Hk * c.dk, vw = c.Hv * c.dv, C = 2 * qw + vw;
+    std::mt19937 rng(seed++);
+    const auto conv = randn_vec(rng, c.M * C);
+    Buf<float> in_g(gpu(), conv), in_c(cpu(), conv);
+    Buf<float> qf(gpu(), c.M * qw), kf(gpu(), c.M * qw), vf(gpu(), c.M * vw);
+    Buf<float> qs(gpu(), c.M * qw), ks(gpu(), c.M * qw), vs(gpu(), c.M * vw);
+    Buf<float> qc(cpu(), c.M * qw), kc(cpu(), c.M * qw), vc(cpu(), c.M * vw);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.dk));
+    gpu().gdn_split_qkv(in_g, qf, kf, vf, c.M, sh, 1e-6f, scale);
+    gpu().Backend::gdn_split_qkv(in_g, qs, ks, vs, c.M, sh, 1e-6f, scale);  // the op sequence, on the GPU
+    cpu().gdn_split_qkv(in_c, qc, kc, vc, c.M, sh, 1e-6f, scale);
+    const std::string shp = shape_str({c.M, c.Hk, c.Hv, c.dk, c.dv});
+    const Buf<float>* fused[] = {&qf, &kf, &vf};
+    const Buf<float>* seq[] = {&qs, &ks, &vs};
+    const Buf<float>* ref[] = {&qc, &kc, &vc};
+    const char* names[] = {"q", "k", "v"};
+    for (int i = 0; i < 3; ++i) {
+      check(fmt::format("gdn_split_qkv {} fused == sequence", names[i]), shp, fused[i]->get(), seq[i]->get(), 0,
+            fused[i]->guard_ok());
+      check(fmt::format("gdn_split_qkv {} vs CPU", names[i]), shp, fused[i]->get(), ref[i]->get(), 1e-11);
     }
   }
 }

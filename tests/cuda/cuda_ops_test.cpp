@@ -212,14 +212,14 @@ TEST(CudaMatmul, GroupSharedInput) {
 // On CUDA the residual add joins the norm kernel. Checked: every output (x updated, n, y) against the
 // CPU's op sequences within 1e-11, and M-row == 1-row bit for bit.
 struct ChainCase {
-  int mode;  // 0 residual norm, 1 swiglu, 2 gated norm
+  int mode;  // 0 residual norm, 1 swiglu, 2 gated norm, 3 sigmoid gate (gated attention output)
   int64_t dim, block, head_dim;
   bool res, perm;
   bool head_perm = false;  // perm moves whole heads (as ssm_out's) and the Rotation says so (perm_group)
 };
 
 std::string chain_name(const ChainCase& c) {
-  static const char* names[] = {"residual_norm_rotate", "swiglu_rotate", "gated_norm_rotate"};
+  static const char* names[] = {"residual_norm_rotate", "swiglu_rotate", "gated_norm_rotate", "sigmoid_gate_rotate"};
   return fmt::format("{} dim {} block {}{}{}{}", names[c.mode], c.dim, c.block, c.res ? " +res" : "",
                      c.perm ? " +perm" : "", c.head_perm ? " (whole heads)" : "");
 }
@@ -240,6 +240,10 @@ std::vector<std::vector<float>> run_chain(Backend& be, const ChainCase& c, int64
     be.swiglu_rotate(x, r, y, rot, M, c.dim);
     return {y.get()};
   }
+  if (c.mode == 3) {
+    be.sigmoid_gate_rotate(x, r, y, rot, M, c.dim);
+    return {y.get()};
+  }
   be.gated_norm_rotate(x, wb, r, y, rot, M, c.dim, c.head_dim, 1e-6f);
   return {y.get()};
 }
@@ -253,7 +257,8 @@ TEST(CudaOps, MatmulInputChains) {
       {2, 512, 512, 64, false, true},  {2, 384, 0, 128, false, false},    {0, 2048, 64, 0, true, false},
       {1, 17408, 0, 0, false, false},  {0, 5120, 0, 0, false, false},     // no rotation: the plain chain kernels
       {2, 6144, 1024, 128, false, true, true}, {2, 6144, 0, 128, false, false},  // the gated chain (GDN output)
-      {2, 2048, 1024, 64, false, true, true}};
+      {2, 2048, 1024, 64, false, true, true},
+      {3, 6144, 1024, 0, false, false}, {3, 6144, 0, 0, false, false}, {3, 2048, 256, 0, false, false}};  // attention output
   uint32_t seed = 900;
   for (const ChainCase& c : cases) {
     std::mt19937 rng(seed++);
@@ -303,7 +308,8 @@ TEST(CudaOps, ChainQuantizationFeedsTheTernaryMatmul) {
                              {0, 8192, 1024, 0, true, false},
                              {1, 17408, 1024, 0, false, false},
                              {1, 1024, 1024, 0, false, false},
-                             {2, 6144, 1024, 128, false, true, true}};  // GDN output: gated norm + whole-head gather
+                             {2, 6144, 1024, 128, false, true, true},  // GDN output: gated norm + whole-head gather
+                             {3, 6144, 1024, 0, false, false}};        // gated attention output
   uint32_t seed = 1500;
   for (const ChainCase& c : cases) {
     std::mt19937 rng(seed++);
@@ -315,7 +321,10 @@ TEST(CudaOps, ChainQuantizationFeedsTheTernaryMatmul) {
     for (int64_t i = 0; i < c.dim; ++i)
       perm[i] = c.head_perm ? static_cast<int32_t>((c.dim / c.head_dim - 1 - i / c.head_dim) * c.head_dim + i % c.head_dim)
                             : static_cast<int32_t>(i);
-    for (int64_t M : {1, 3, 8}) {
+    // M = 40: a prefill-sized input (>= kMatmulPrefillMinRows rows) goes to the bf16 GEMM, so the chain
+    // writes no records and a GEMV that does get it quantizes it itself
+    for (int64_t M : {1, 3, 8, 40}) {
+      const bool expect_records = M < cuda::kMatmulPrefillMinRows;
       const auto a = randn_vec(rng, M * c.dim), b = randn_vec(rng, M * c.dim);
       Buf<float> x(gpu(), a), r(gpu(), b), wb(gpu(), w), sg(gpu(), signs), n(gpu(), M * c.dim), y(gpu(), M * c.dim);
       Buf<int32_t> pm(gpu(), perm);
@@ -325,6 +334,8 @@ TEST(CudaOps, ChainQuantizationFeedsTheTernaryMatmul) {
         gpu().residual_norm_rotate(x, c.res ? r.get_ptr() : nullptr, wb, n, y, rot, M, c.dim, 1e-6f);
       else if (c.mode == 1)
         gpu().swiglu_rotate(x, r, y, rot, M, c.dim);
+      else if (c.mode == 3)
+        gpu().sigmoid_gate_rotate(x, r, y, rot, M, c.dim);
       else
         gpu().gated_norm_rotate(x, wb, r, y, rot, M, c.dim, c.head_dim, 1e-6f);
       const int64_t reused0 = cuda::quantizations_reused(gpu());
@@ -334,8 +345,11 @@ TEST(CudaOps, ChainQuantizationFeedsTheTernaryMatmul) {
       gpu().matmul(wg, y2, out_fresh, M);  // quantizes y2 itself
       const std::string shp = fmt::format("{} M={}", chain_name(c), M);
       check("chain -> ternary matmul == fresh matmul", shp, out_chain.get(), out_fresh.get(), 0, out_chain.guard_ok());
-      record({"chain quantization reused by the matmul", shp, 0, 0, 0, used_chain, used_chain ? "yes" : "NO"});
-      EXPECT_TRUE(used_chain) << shp << ": the matmul quantized y again (the chain's records were not used)";
+      const bool as_expected = used_chain == expect_records;
+      record({expect_records ? "chain quantization reused by the matmul" : "prefill-sized chain leaves no records", shp, 0,
+              0, 0, as_expected, used_chain ? "reused" : "quantized again"});
+      EXPECT_TRUE(as_expected) << shp << (expect_records ? ": the matmul quantized y again (the chain's records were not used)"
+                                                         : ": a prefill-sized chain wrote records");
     }
   }
 }
@@ -471,7 +485,7 @@ TEST(CudaOps, Attention) {
   attention_case(4, 4, 2, 64, 50, {0, 0, 0, 7, 3, 9, 0, 50}, 24, "tiny with empty range");
   attention_case(2, 4, 2, 16, 40, {0, 33, 0, 40}, 25, "head_dim 16");
   // Cluster kernel paths (attention.cu): keys in tiles of 32 at absolute positions, cut into 16 (or 8)
-  // segments per row; decode layout for one row, verify layout (<= 4 rows per CTA) for larger M.
+  // segments per row; decode layout for one row, verify layout (<= 8 rows per CTA) for larger M.
   // 27B shape, decode at tile edges: 1 key, 32, 33, a range starting mid-tile, one over 16 segments.
   attention_case(1, 24, 4, 256, 40, {0, 1}, 26, "decode 1 key");
   attention_case(1, 24, 4, 256, 64, {0, 32}, 27, "decode 32 keys");
@@ -486,6 +500,13 @@ TEST(CudaOps, Attention) {
   attention_case(8, 24, 4, 256, 1700,
                  {0, 9 * 32 - 5, 40, 600, 0, 33, 31, 32, 0, 17 * 32, 3, 16 * 32 + 1, 100, 1700, 0, 35 * 32 + 7}, 37,
                  "verify segment pairs");
+  // the 27B drafter's block: 8 rows of 32 / 8 heads x 128 in one CTA (the 8-row verify layout), every row
+  // over the whole context, then rows of different ranges (the union's tiles, each row masked to its own)
+  std::vector<int32_t> rd;
+  for (int m = 0; m < 8; ++m) rd.insert(rd.end(), {0, 588});
+  attention_case(8, 32, 8, 128, 620, rd, 38, "drafter block 8 rows");
+  attention_case(8, 32, 8, 128, 620, {0, 588, 0, 1, 31, 33, 100, 620, 0, 0, 5, 600, 64, 96, 0, 300}, 39,
+                 "drafter 8 rows of different ranges");
   // 16 causal rows across 1024 keys: ceil(tiles / 16) changes between rows (segment bounds differ)
   std::vector<int32_t> r16;
   for (int m = 0; m < 16; ++m) r16.insert(r16.end(), {0, 1017 + m});
@@ -934,6 +955,105 @@ void prefill_case(GgmlType t, int64_t in, int64_t out, const std::vector<int64_t
       const bool same = y2.get() == got;
       record({op + " repeat == first call", shp, 0, 0, 0, same, same ? "memcmp equal" : "differs"});
       EXPECT_TRUE(same) << op << " " << shp;
+    }
+  }
+}
+
+// matmul_prefill_group: the weights' row tiles in one tensor-core launch (GDN qkv | z, FFN gate | up at
+// the 27B shapes, and a short tail group), each output against the CPU's matmul at matmul_prefill's bound
+// (the group may pick another k split than a weight alone: same arithmetic otherwise), every output
+// written (poisoned buffers), guards kept, two calls the same bits. A group with a weight the kernel
+// does not take (BF16) goes weight by weight: the bits of matmul_prefill of each.
+TEST(CudaMatmul, PrefillGroupOneLaunch) {
+  REQUIRE_GPU();
+  struct G {
+    std::vector<std::pair<GgmlType, int64_t>> parts;
+    int64_t in, M;
+  };
+  const G groups[] = {{{{GgmlType::PTQ1_0, 10240}, {GgmlType::PTQ1_0, 6144}}, 5120, 512},
+                      {{{GgmlType::PTQ1_0, 17408}, {GgmlType::PTQ1_0, 17408}}, 5120, 100},
+                      {{{GgmlType::PQ2_0, 200}, {GgmlType::PQ2_0, 70}, {GgmlType::PQ2_0, 1000}}, 512, 33},
+                      {{{GgmlType::PTQ1_0, 96}, {GgmlType::BF16, 48}}, 512, 64}};
+  uint32_t seed = 1600;
+  for (const G& grp : groups) {
+    std::mt19937 rng(seed);
+    const auto x = randn_vec(rng, grp.M * grp.in);
+    Buf<float> xg(gpu(), x), xc(cpu(), x);
+    std::vector<HostWeight> hws;  // alive for the whole case: the CPU backend may read the host bytes in place
+    std::vector<WeightRef> wg, wc;
+    std::vector<std::unique_ptr<Buf<float>>> yg, y2, y1, yc;
+    std::string shp = fmt::format("M={} in={} out=", grp.M, grp.in);
+    for (const auto& [t, out] : grp.parts) {
+      hws.push_back(make_weight(t, grp.in, out, seed++));
+      wg.push_back(gpu().upload_weight(hws.back().bytes.data(), t, grp.in, out));
+      wc.push_back(cpu().upload_weight(hws.back().bytes.data(), t, grp.in, out));
+      yg.push_back(std::make_unique<Buf<float>>(gpu(), grp.M * out));
+      y2.push_back(std::make_unique<Buf<float>>(gpu(), grp.M * out));
+      y1.push_back(std::make_unique<Buf<float>>(gpu(), grp.M * out));
+      yc.push_back(std::make_unique<Buf<float>>(cpu(), grp.M * out));
+      shp += fmt::format("{}{}", out, type_name(t)[0] == 'B' ? "(bf16) " : " ");
+    }
+    std::vector<Backend::MatmulOut> outs, outs2;
+    for (size_t i = 0; i < wg.size(); ++i) {
+      outs.push_back({&wg[i], *yg[i]});
+      outs2.push_back({&wg[i], *y2[i]});
+    }
+    gpu().matmul_prefill_group(outs, xg, grp.M);
+    gpu().matmul_prefill_group(outs2, xg, grp.M);
+    const bool mixed = grp.parts.back().first == GgmlType::BF16;
+    for (size_t i = 0; i < wg.size(); ++i) {
+      cpu().matmul(wc[i], xc, *yc[i], grp.M);
+      const auto got = yg[i]->get();
+      const std::string op = fmt::format("matmul_prefill_group part {}", i);
+      check(op, shp, got, yc[i]->get(), grp.parts[i].first == GgmlType::BF16 ? 1e-10 : 2e-5, yg[i]->guard_ok());
+      const bool same = y2[i]->get() == got;
+      record({op + " repeat == first call", shp, 0, 0, 0, same, same ? "memcmp equal" : "differs"});
+      EXPECT_TRUE(same) << op << " " << shp;
+      if (mixed) {  // weight by weight: matmul_prefill's bits
+        gpu().matmul_prefill(wg[i], xg, *y1[i], grp.M);
+        check(op + " (mixed group) == matmul_prefill", shp, got, y1[i]->get(), 0, true);
+      }
+    }
+  }
+}
+
+// matmul_prefill of small dense weights (F32, F16, BF16 rows with out <= 128: GDN's alpha and beta)
+// runs matmul.cu's shared-memory tile kernel at M >= 32: fp32 products and sums in another order than
+// the CPU's, so NMSE ~1e-14; bound 1e-10 (a wrong k-tile, row or output is > 1e-3). It must not be the
+// GEMV's result bit for bit at the 27B shape (the kernel ran, no silent fallback); every output is
+// written (poisoned buffers), guards survive, a second call gives the same bits (the k split adds its
+// partial tiles in rank order).
+TEST(CudaMatmul, PrefillSmallDenseWeights) {
+  REQUIRE_GPU();
+  struct S {
+    GgmlType t;
+    int64_t in, out, M;
+  };
+  const S shapes[] = {{GgmlType::BF16, 5120, 48, 512}, {GgmlType::BF16, 5120, 48, 77},  {GgmlType::F16, 2048, 96, 64},
+                      {GgmlType::F32, 256, 128, 33},   {GgmlType::BF16, 192, 20, 100},  {GgmlType::F16, 5120, 48, 1000}};
+  uint32_t seed = 1500;
+  for (const S& c : shapes) {
+    const HostWeight hw = make_weight(c.t, c.in, c.out, seed);
+    const WeightRef wg = gpu().upload_weight(hw.bytes.data(), c.t, c.in, c.out);
+    const WeightRef wc = cpu().upload_weight(hw.bytes.data(), c.t, c.in, c.out);
+    std::mt19937 rng(seed++);
+    const auto x = randn_vec(rng, c.M * c.in);
+    Buf<float> xg(gpu(), x), yg(gpu(), c.M * c.out), y2(gpu(), c.M * c.out), yv(gpu(), c.M * c.out);
+    Buf<float> xc(cpu(), x), yc(cpu(), c.M * c.out);
+    gpu().matmul_prefill(wg, xg, yg, c.M);
+    gpu().matmul_prefill(wg, xg, y2, c.M);
+    gpu().matmul(wg, xg, yv, c.M);
+    cpu().matmul(wc, xc, yc, c.M);
+    const std::string op = std::string("matmul_prefill small ") + type_name(c.t), shp = shape_str({c.M, c.in, c.out});
+    const auto got = yg.get();
+    check(op, shp, got, yc.get(), 1e-10, yg.guard_ok());
+    const bool same = y2.get() == got;
+    record({op + " repeat == first call", shp, 0, 0, 0, same, same ? "memcmp equal" : "differs"});
+    EXPECT_TRUE(same) << op << " " << shp;
+    if (c.in >= 2048) {
+      const bool gemv = yv.get() == got;
+      record({op + " is not the GEMV's result", shp, 0, 0, 0, !gemv, gemv ? "equal: the GEMV ran" : "differs"});
+      EXPECT_FALSE(gemv) << op << " " << shp << ": the GEMV's bits, the tile kernel did not run";
     }
   }
 }

@@ -23,7 +23,8 @@
 // ceil(tiles / S) differs). With spc 2 a row's two segments are adjacent tiles of the one stream: at the
 // second's first tile the row's state is stored as the first segment's partial and restarted.
 //   decode layout (1 row): score slice w in warp w, lane = key, every head of the chunk per thread;
-//   verify layout (<= 4 rows): each thread 3 queries x 1 key over all 8 slices (4 x 8 lanes per warp).
+//   verify layout (<= 8 rows, <= 32 queries): each thread 3 queries x 1 key over all 8 slices (4 x 8 lanes
+//   per warp). 8 rows let the 27B drafter's block (4 heads per KV head) take one cluster per KV head.
 // Both compute the same per-score operations (the decode layout keeps slice sums in shared memory and
 // folds them in the softmax warp), so a verify row equals the same row decoded alone, bit for bit.
 // Why spc 2: clusters of 16 one-CTA-per-SM blocks are resident only 7 at a time on an H200 (a cluster
@@ -104,8 +105,8 @@ struct AttnLayout<false> {  // decode: one row, <= 8 heads
   static constexpr int kRows = 1, kQO = 3, kQOP = 4, kIPT = 2, kSoft = 1, kPst = 12;
 };
 template <>
-struct AttnLayout<true> {  // verify: <= 4 rows x <= 8 heads
-  static constexpr int kRows = 4, kQO = 6, kQOP = 8, kIPT = 2, kSoft = 4, kNQMax = 32, kPst = 68;
+struct AttnLayout<true> {  // verify: <= 8 rows x <= 8 heads, <= 32 queries
+  static constexpr int kRows = 8, kQO = 6, kQOP = 8, kIPT = 2, kSoft = 4, kNQMax = 32, kPst = 68;
   static constexpr int kQT = 3;                            // queries per thread in the scores
   static constexpr int kQPad = (kNQMax + 11) / 12 * 12;  // Q rows read by the 12-query warp tiles
 };
@@ -265,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_cluster_kernel(const At
   using L = AttnLayout<kVer>;
   extern __shared__ __align__(16) float sm[];
   cg::cluster_group cluster = cg::this_cluster();
-  pdl_wait();
+  pdl_wait(a.M == 1);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int rank = static_cast<int>(cluster.block_rank());
   const int g = blockIdx.y / a.hchunks, hcix = blockIdx.y - g * a.hchunks;
@@ -862,7 +863,7 @@ struct Choice {
 };
 
 // One layout: hc heads of a KV head per CTA (chunks of hc, the last may be shorter), `rows` rows per
-// CTA (verify layout, 2..4) or one (decode layout), spc segments per CTA. False when it does not fit.
+// CTA (verify layout, 2..8) or one (decode layout), spc segments per CTA. False when it does not fit.
 bool make_choice(const Attn& base, int64_t n_kv_heads, bool ver, int hc, int rows, int spc, int optin, Choice* out) {
   using V = AttnLayout<true>;
   Attn a = base;
@@ -872,7 +873,9 @@ bool make_choice(const Attn& base, int64_t n_kv_heads, bool ver, int hc, int row
   a.spc = spc;
   if (ver) {
     const int nhb = (hc + V::kQO - 1) / V::kQO;
-    if (rows < 2 || rows > V::kRows || rows * hc > V::kNQMax || a.d4p * rows * nhb > kThreads * V::kIPT) return false;
+    if (rows < 2 || rows > V::kRows || rows * hc > V::kNQMax || a.d4p * rows * nhb > kThreads * V::kIPT ||
+        rows * nhb * V::kQOP > V::kPst)  // P / corr entries of every (row, head block)
+      return false;
     a.rows = rows;
     a.nq_max = rows * hc;
   } else {
@@ -892,7 +895,7 @@ bool make_choice(const Attn& base, int64_t n_kv_heads, bool ver, int hc, int row
 // first tile's latency, merge: ~8 us) plus spc x its time per segment. Per segment (27B shape on the
 // H200, 2 tiles a segment): decode layout ~4 + hc / 3 us, verify layout ~6 + 5 per 12 queries (its
 // score warp tiles hold 12 queries). Candidates: a KV head's query heads in one CTA (<= 8) or split
-// over several (more CTAs streaming the same tiles, the repeats from L2), 1-4 rows per CTA, one segment
+// over several (more CTAs streaming the same tiles, the repeats from L2), 1-8 rows per CTA, one segment
 // per CTA (nseg-CTA clusters) or two (half as many CTAs per cluster, clusters that fit where 16 do not).
 bool choose_layout(const Attn& base, int64_t M, int64_t n_kv_heads, const DeviceAttn& dev, Choice* out) {
   int64_t best = -1;

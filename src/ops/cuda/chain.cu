@@ -33,8 +33,8 @@ constexpr int kPer = kChunk / kThreads;
 constexpr int kXqRecord = 384;  // 3 digit planes of 128 bytes (matmul_ternary.cu)
 
 struct ChainArgs {
-  const float* gx;     // gated norm: the input [rows, dim] (heads of head_dim)
-  const float* z;      // gated norm: the gate [rows, dim]
+  const float* gx;     // gated norm, sigmoid gate: the input [rows, dim] (heads of head_dim)
+  const float* z;      // gated norm, sigmoid gate: the gate [rows, dim]
   const int32_t* perm; // gated norm: null, or the rotation's gather (whole heads: perm[i] % head_dim == i % head_dim)
   int64_t head_dim;    // gated norm: the norm's group, a multiple of 32 dividing 1024
   float* x;            // norm: the residual stream [rows, dim] (x += res when res)
@@ -54,10 +54,10 @@ struct ChainArgs {
 
 // kMode 0: (residual +) RMS norm over the row; 1: SwiGLU; 2: RMS norm per head gated by silu(z)
 // (rms_norm_gated), the rotation's gather applied while loading (heads move whole, so a chunk holds
-// whole heads and each CTA normalises its own).
+// whole heads and each CTA normalises its own); 3: gx * sigmoid(z) (the gated attention output).
 template <int kMode>
 __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
-  pdl_wait();
+  pdl_wait(gridDim.y == 1);
   __shared__ __align__(16) float buf[kChunk];
   __shared__ float wsum[kThreads / 32];
   __shared__ float chunk_ss;
@@ -126,11 +126,17 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
       v[j] = a.w ? q * a.w[c0 + i] : q;
       a.n[base + i] = v[j];
     }
-  } else {
+  } else if constexpr (kMode == 1) {
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int i = tid + kThreads * j;
       v[j] = silu_f(a.gate[base + i]) * a.up[base + i];
+    }
+  } else {  // kMode 3: the gated attention output, as mul_sigmoid_kernel
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = tid + kThreads * j;
+      v[j] = a.gx[base + i] * sigmoid_f(a.z[base + i]);
     }
   }
 #pragma unroll
@@ -156,6 +162,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
   const float sc = a.rotate ? kScale : 1.0f;  // x 1 is exact: without rotation the values as they are
   const float e4[4] = {__fmul_rn(q4.x, sc), __fmul_rn(q4.y, sc), __fmul_rn(q4.z, sc), __fmul_rn(q4.w, sc)};
   if (a.y) reinterpret_cast<float4*>(a.y + base + 128 * warp)[lane] = make_float4(e4[0], e4[1], e4[2], e4[3]);
+  if (!a.xq) return;  // prefill: the next matmul is the bf16 tensor-core GEMM, which reads y itself
   float amax = fmaxf(fmaxf(fabsf(e4[0]), fabsf(e4[1])), fmaxf(fabsf(e4[2]), fabsf(e4[3])));
   amax = warp_max(amax);
   int ex = 0;
@@ -191,6 +198,11 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
   }
 }
 
+// The records' meta follows the rows' digit planes; none without records (xq null: no quantization).
+int32_t* xq_meta(uint8_t* xq, int64_t rows, int64_t dim) {
+  return xq ? reinterpret_cast<int32_t*>(xq + static_cast<size_t>(rows) * (dim / 128) * kXqRecord) : nullptr;
+}
+
 }  // namespace
 
 bool gated_chain_supported(int64_t dim, int64_t block, int64_t head_dim) {
@@ -209,7 +221,7 @@ void launch_norm_rotate_quantize(float* x, const float* res, const float* w, flo
   a.x = x, a.res = res, a.w = w, a.n = n, a.signs = signs, a.y = rotate ? y : nullptr, a.dim = dim, a.eps = eps;
   a.rotate = rotate;
   a.xq = static_cast<uint8_t*>(xq);
-  a.meta = reinterpret_cast<int32_t*>(a.xq + static_cast<size_t>(rows) * (dim / 128) * kXqRecord);
+  a.meta = xq_meta(a.xq, rows, dim);
   const unsigned chunks = static_cast<unsigned>(dim / kChunk);
   (void)launch_ex(chain_kernel<0>, dim3(chunks, static_cast<unsigned>(rows)), dim3(kThreads), 0, s,
                   dim3(chunks, 1, 1), pdl_enabled(), a);
@@ -222,8 +234,20 @@ void launch_swiglu_rotate_quantize(const float* gate, const float* up, const flo
   a.gate = gate, a.up = up, a.signs = signs, a.y = y, a.dim = dim;
   a.rotate = rotate;
   a.xq = static_cast<uint8_t*>(xq);
-  a.meta = reinterpret_cast<int32_t*>(a.xq + static_cast<size_t>(rows) * (dim / 128) * kXqRecord);
+  a.meta = xq_meta(a.xq, rows, dim);
   launch_pdl(chain_kernel<1>, dim3(static_cast<unsigned>(dim / kChunk), static_cast<unsigned>(rows)),
+             dim3(kThreads), 0, s, a);
+}
+
+void launch_sigmoid_gate_rotate_quantize(const float* x, const float* gate, const float* signs, float* y, void* xq,
+                                         int64_t rows, int64_t dim, bool rotate, cudaStream_t s) {
+  if (rows <= 0) return;
+  ChainArgs a{};
+  a.gx = x, a.z = gate, a.signs = signs, a.y = y, a.dim = dim;
+  a.rotate = rotate;
+  a.xq = static_cast<uint8_t*>(xq);
+  a.meta = xq_meta(a.xq, rows, dim);
+  launch_pdl(chain_kernel<3>, dim3(static_cast<unsigned>(dim / kChunk), static_cast<unsigned>(rows)),
              dim3(kThreads), 0, s, a);
 }
 
@@ -236,7 +260,7 @@ void launch_gated_norm_rotate_quantize(const float* x, const float* w, const flo
   a.head_dim = head_dim;
   a.rotate = rotate;
   a.xq = static_cast<uint8_t*>(xq);
-  a.meta = reinterpret_cast<int32_t*>(a.xq + static_cast<size_t>(rows) * (dim / 128) * kXqRecord);
+  a.meta = xq_meta(a.xq, rows, dim);
   launch_pdl(chain_kernel<2>, dim3(static_cast<unsigned>(dim / kChunk), static_cast<unsigned>(rows)), dim3(kThreads),
              0, s, a);
 }

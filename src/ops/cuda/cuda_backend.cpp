@@ -78,6 +78,11 @@ class CudaBackend final : public Backend {
     chain_plain_ = env_flag("DFLASH_CUDA_CHAIN_PLAIN", true);
     // gated_norm_rotate (GDN's output norm, the ssm_out gather, rotation, quantization) as one kernel.
     gated_chain_ = env_flag("DFLASH_CUDA_CHAIN_GATED", true);
+    prefill_xq_ = env_flag("DFLASH_CUDA_PREFILL_XQ", false);
+    // sigmoid_gate_rotate (the gated attention output, wo's rotation and quantization) as one kernel.
+    sigmoid_chain_ = env_flag("DFLASH_CUDA_CHAIN_SIGMOID", true);
+    // matmul_prefill_group as one tensor-core launch; =0: one launch per weight.
+    prefill_group_ = env_flag("DFLASH_CUDA_PREFILL_GROUP", true);
   }
 
   ~CudaBackend() override {
@@ -288,11 +293,11 @@ class CudaBackend final : public Backend {
     if (use_chain(rot, rows) && cuda::chain_supported(dim, rot.block, true)) {
       // one kernel: (residual +) norm, rotation, and the next integer matmul's quantization of its input
       // (y, or n without rotation)
-      void* xq = scratch(kScratchMatmulXq, cuda::ternary_scratch(dim, rows).xq_bytes);
+      void* xq = chain_xq(rows, dim);
       const bool rotate = rot.block > 0;
       cuda::launch_norm_rotate_quantize(x, res, w, n, rot.signs, y, xq, rows, dim, eps, rotate, stream_);
       after("residual_norm_rotate");
-      xq_ = XqKey{rotate ? y : n, rows, dim, xq, true};
+      if (xq) xq_ = XqKey{rotate ? y : n, rows, dim, xq, true};
       return;
     }
     if (!res) {
@@ -308,13 +313,27 @@ class CudaBackend final : public Backend {
   void swiglu_rotate(const float* gate, const float* up, float* y, const Rotation& rot, int64_t rows,
                      int64_t dim) override {
     if (use_chain(rot, rows) && cuda::chain_supported(dim, rot.block, false)) {
-      void* xq = scratch(kScratchMatmulXq, cuda::ternary_scratch(dim, rows).xq_bytes);
+      void* xq = chain_xq(rows, dim);
       cuda::launch_swiglu_rotate_quantize(gate, up, rot.signs, y, xq, rows, dim, rot.block > 0, stream_);
       after("swiglu_rotate");
-      xq_ = XqKey{y, rows, dim, xq, true};
+      if (xq) xq_ = XqKey{y, rows, dim, xq, true};
       return;
     }
     Backend::swiglu_rotate(gate, up, y, rot, rows, dim);
+  }
+  void sigmoid_gate_rotate(const float* x, const float* gate, float* y, const Rotation& rot, int64_t rows,
+                           int64_t dim) override {
+    const auto xb = reinterpret_cast<uintptr_t>(x), yb = reinterpret_cast<uintptr_t>(y);
+    const size_t bytes = sizeof(float) * rows * dim;
+    const bool overlap = xb != yb && xb < yb + bytes && yb < xb + bytes;  // in place is fine (elementwise load first)
+    if (sigmoid_chain_ && use_chain(rot, rows) && !overlap && cuda::chain_supported(dim, rot.block, false)) {
+      void* xq = chain_xq(rows, dim);
+      cuda::launch_sigmoid_gate_rotate_quantize(x, gate, rot.signs, y, xq, rows, dim, rot.block > 0, stream_);
+      after("sigmoid_gate_rotate");
+      if (xq) xq_ = XqKey{y, rows, dim, xq, true};
+      return;
+    }
+    Backend::sigmoid_gate_rotate(x, gate, y, rot, rows, dim);
   }
   void gated_norm_rotate(const float* x, const float* w, const float* z, float* y, const Rotation& rot, int64_t rows,
                          int64_t dim, int64_t head_dim, float eps) override {
@@ -324,14 +343,22 @@ class CudaBackend final : public Backend {
     const bool perm_ok = !rot.perm || (rot.perm_group == head_dim && !overlap);  // the gather crosses chunks
     if (chain_ && gated_chain_ && perm_ok && rows <= 65535 && (rot.block > 0 || chain_plain_) &&
         cuda::gated_chain_supported(dim, rot.block, head_dim)) {
-      void* xq = scratch(kScratchMatmulXq, cuda::ternary_scratch(dim, rows).xq_bytes);
+      void* xq = chain_xq(rows, dim);
       cuda::launch_gated_norm_rotate_quantize(x, w, z, rot.signs, rot.perm, y, xq, rows, dim, head_dim, eps,
                                               rot.block > 0, stream_);
       after("gated_norm_rotate");
-      xq_ = XqKey{y, rows, dim, xq, true};
+      if (xq) xq_ = XqKey{y, rows, dim, xq, true};
       return;
     }
     Backend::gated_norm_rotate(x, w, z, y, rot, rows, dim, head_dim, eps);
+  }
+  // The chains quantize their output for the GEMV tiles' integer matmuls. A prefill-sized input goes to
+  // the bf16 tensor-core GEMM instead, which reads the floats: no records then (the chain writes ~3 bytes
+  // per element fewer; a GEMV that does get such an input quantizes it itself). DFLASH_CUDA_PREFILL_XQ=1
+  // keeps the records (for comparison).
+  void* chain_xq(int64_t rows, int64_t dim) {
+    if (rows >= cuda::kMatmulPrefillMinRows && !prefill_xq_) return nullptr;
+    return scratch(kScratchMatmulXq, cuda::ternary_scratch(dim, rows).xq_bytes);
   }
   // The fused chain kernels (chain.cu) take rotations of 1024-blocks without a permutation, and no
   // rotation at all unless DFLASH_CUDA_CHAIN_PLAIN=0.
@@ -340,11 +367,33 @@ class CudaBackend final : public Backend {
   }
   void matmul_prefill(const WeightRef& w, const float* x, float* y, int64_t M) override {
     const cuda::DevWeight dw = dev_weight(w, "matmul_prefill");
-    if (cuda::launch_matmul_prefill(dw, x, y, M, stream_))
+    if (M >= cuda::kMatmulPrefillMinRows && (cuda::launch_matmul_prefill(dw, x, y, M, stream_) ||
+                                              cuda::launch_matmul_small_n(dw, x, y, M, num_sms_, stream_)))
       note_write(y, sizeof(float) * M * dw.out);
     else
       run_matmul(dw, x, y, M);
     after("matmul_prefill");
+  }
+  // The weights' row tiles in one tensor-core launch (they fill the same waves); weights it has no kernel
+  // for (or DFLASH_CUDA_PREFILL_GROUP=0) go one by one through matmul_prefill.
+  void matmul_prefill_group(std::span<const MatmulOut> outs, const float* x, int64_t M) override {
+    cuda::DevWeight dws[cuda::kTernaryMaxGroup];
+    const cuda::DevWeight* ws[cuda::kTernaryMaxGroup] = {};
+    float* ys[cuda::kTernaryMaxGroup] = {};
+    const int n = static_cast<int>(outs.size());
+    if (prefill_group_ && n >= 2 && n <= cuda::kTernaryMaxGroup && M >= cuda::kMatmulPrefillMinRows) {
+      for (int i = 0; i < n; ++i) {
+        dws[i] = dev_weight(*outs[i].w, "matmul_prefill_group");
+        ws[i] = &dws[i];
+        ys[i] = outs[i].y;
+      }
+      if (cuda::launch_matmul_prefill_group(ws, ys, n, x, M, stream_)) {
+        for (int i = 0; i < n; ++i) note_write(ys[i], sizeof(float) * M * dws[i].out);
+        after("matmul_prefill_group");
+        return;
+      }
+    }
+    Backend::matmul_prefill_group(outs, x, M);
   }
   // ids are device memory: an id outside [0, out) cannot be checked here; its row comes out NaN.
   void get_rows(const WeightRef& w, const int32_t* ids, float* y, int64_t M) override {
@@ -501,6 +550,16 @@ class CudaBackend final : public Backend {
   }
 
   // ---- Gated DeltaNet ---------------------------------------------------------------------------
+  // prefill's q | k | v split and l2 norms as one kernel (DFLASH_CUDA_FUSED_PREP=0: the op sequence)
+  void gdn_split_qkv(const float* conv, float* q, float* k, float* v, int64_t M, const GdnShape& sh, float eps,
+                     float q_scale) override {
+    const int64_t vw = sh.n_v_heads * sh.head_v;
+    if (fused_prep_ && cuda::launch_gdn_split_qkv(conv, q, k, v, M, sh.n_k_heads, sh.head_k, vw, eps, q_scale, stream_)) {
+      after("gdn_split_qkv");
+      return;
+    }
+    Backend::gdn_split_qkv(conv, q, k, v, M, sh, eps, q_scale);
+  }
   void gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C, int64_t K) override {
     DFLASH_CHECK(K >= 1 && K <= 16, "cuda gdn_conv: kernel size {} outside 1..16", K);
     cuda::launch_gdn_conv(x, state, w, y, M, C, K, stream_);
@@ -598,10 +657,8 @@ class CudaBackend final : public Backend {
                  "cuda selector_walk: rows {}, top_k {}, rank {}", rows, top_k, rank);
     DFLASH_CHECK(top_k <= cuda::kSelectorMaxTopK, "cuda selector_walk: top_k {} above the supported {}", top_k,
                  cuda::kSelectorMaxTopK);
-    DFLASH_CHECK(cuda::selector_walk_smem_bytes(top_k, rank) + 64 <= smem_optin_,  // + the kernel's static bytes
-                 "cuda selector_walk: top_k {} x rank {} candidate rows need {} bytes of shared memory (the GPU has {})",
-                 top_k, rank, cuda::selector_walk_smem_bytes(top_k, rank), smem_optin_);
-    cuda::launch_selector_walk(pred, succ, cand, unary, g, out, rows, top_k, rank, stream_);
+    void* scores = scratch(kScratchSelector, cuda::selector_walk_scratch_bytes(rows, top_k));
+    cuda::launch_selector_walk(pred, succ, cand, unary, g, out, rows, top_k, rank, scores, stream_);
     after("selector_walk");
   }
 
@@ -632,6 +689,7 @@ class CudaBackend final : public Backend {
     kScratchTopK,
     kScratchMatmulXq,
     kScratchBench,
+    kScratchSelector,
     kNumScratch
   };
   struct ScratchBuf {
@@ -766,6 +824,9 @@ class CudaBackend final : public Backend {
   bool split_group_ = true;
   bool chain_plain_ = true;
   bool gated_chain_ = true;
+  bool prefill_xq_ = false;
+  bool sigmoid_chain_ = true;
+  bool prefill_group_ = true;
   bool capturing_ = false;
 };
 

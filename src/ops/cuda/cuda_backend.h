@@ -43,6 +43,10 @@ size_t weight_device_bytes(Backend& be, const WeightRef& w);
 // A description of the device layout used for a weight ("planar-2bit", "blocks", ...).
 std::string weight_layout(Backend& be, const WeightRef& w);
 
+// matmul_prefill takes the tensor-core GEMM from this many rows (below: the GEMV tiles); matmul-input
+// chains of at least this many rows leave no quantized records (their matmul is the GEMM).
+constexpr int64_t kMatmulPrefillMinRows = 32;
+
 // Ternary matmuls so far whose input's quantization was already there (a matmul before them with the
 // same input, or a fused matmul-input chain), so they skipped their quantize launch.
 int64_t quantizations_reused(Backend& be);

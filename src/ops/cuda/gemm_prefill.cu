@@ -115,18 +115,41 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-struct PrefillArgs {
+// One weight of a launch: a launch covers up to kTernaryMaxGroup ternary weights that share the input x
+// (matmul_prefill_group: GDN qkv | z, FFN gate | up, attention q | k | v), each weight's CTA row tiles a
+// range of grid.y, so the weights' tiles fill the same waves (the H200 runs one wgmma CTA per SM: FFN
+// gate and up alone take 2.06 waves each, 3 + 3; together 4.12, 5).
+struct PrefillPart {
   const uint32_t* codes;   // kTernaryMma: [Np/16][nblk][16][8] words
   const uint32_t* scales;  // [Np/16][nblk][8] fp16x2 (row g, row g + 8)
-  const float* x;
   float* y;
-  int64_t M, K, N;
+  int64_t N;
   int tiles16;  // Np / 16
+  int ty_end;   // one past this weight's last CTA row tile (blockIdx.y)
+  bool y_vec;   // S > 1: y rows allow 16-byte stores
+};
+struct PrefillArgs {
+  PrefillPart part[kTernaryMaxGroup];
+  int nparts;
+  const float* x;
+  int64_t M, K;
   int nblk;     // K / 128
   int n_kt;     // K / 32
   int splits;   // S: CTAs of a cluster sharing the k-tiles (1: no cluster)
-  bool y_vec;   // S > 1: y rows allow 16-byte stores
 };
+
+// This CTA's weight and the first of its output rows in that weight (tiles of bo rows along grid.y).
+__device__ __forceinline__ void select_part(const PrefillArgs& p, int bo, PrefillPart& pt, int64_t& o0) {
+  int begin = 0;
+  pt = p.part[0];
+#pragma unroll
+  for (int k = 1; k < kTernaryMaxGroup; ++k)
+    if (k < p.nparts && static_cast<int>(blockIdx.y) >= p.part[k - 1].ty_end) {
+      begin = p.part[k - 1].ty_end;
+      pt = p.part[k];
+    }
+  o0 = static_cast<int64_t>(static_cast<int>(blockIdx.y) - begin) * bo;
+}
 
 template <int WX>
 __global__ void __launch_bounds__(kThreads, 1) gemm_ternary_prefill_kernel(const PrefillArgs p) {
@@ -137,7 +160,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_ternary_prefill_kernel(const
   const int g = lane >> 2, t = lane & 3;
   const int wo = warp % WO, wx = warp / WO;  // warp tile: weight rows 64 wo.., activation rows 64 wx..
   const int split = blockIdx.x;              // == the cluster rank (cluster dims (S, 1, 1))
-  const int64_t o0 = static_cast<int64_t>(blockIdx.y) * BO;
+  PrefillPart pt;
+  int64_t o0;
+  select_part(p, BO, pt, o0);
   const int64_t x0 = static_cast<int64_t>(blockIdx.z) * BX;
   const int64_t K = p.K;
   const int kt0 = static_cast<int>(static_cast<int64_t>(p.n_kt) * split / p.splits);
@@ -150,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_ternary_prefill_kernel(const
   // this warp's 4 weight tiles (tiles past the padded rows: a copy of the last, never stored)
   int64_t tile[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) tile[i] = std::min<int64_t>(o0 / 16 + wo * 4 + i, p.tiles16 - 1);
+  for (int i = 0; i < 4; ++i) tile[i] = std::min<int64_t>(o0 / 16 + wo * 4 + i, pt.tiles16 - 1);
 
   float4 ra[T::kF4];
   uint32_t rw[4][2], rsc[4];
@@ -165,10 +190,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_ternary_prefill_kernel(const
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t tb = tile[i] * p.nblk + b;
-      const uint32_t* w = p.codes + tb * 128 + g * 8 + 2 * t + h;
+      const uint32_t* w = pt.codes + tb * 128 + g * 8 + 2 * t + h;
       rw[i][0] = __ldg(w);
       rw[i][1] = __ldg(w + 64);  // row g + 8
-      rsc[i] = __ldg(p.scales + tb * 8 + g);
+      rsc[i] = __ldg(pt.scales + tb * 8 + g);
     }
   };
   // float4 c4 holds the k-tile's inputs 4 c4 .. + 3 = k group c4 / 4, local k 4t' + e (t' = c4 % 4):
@@ -260,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_ternary_prefill_kernel(const
         for (int e = 0; e < 4; ++e) {
           const int64_t o = o0 + wo * 64 + 16 * i + g + (e >= 2 ? 8 : 0);
           const int64_t m = x0 + wx * 64 + 8 * j + 2 * t + (e & 1);
-          if (o < p.N && m < p.M) p.y[m * p.N + o] = acc[i][j][e];
+          if (o < pt.N && m < p.M) pt.y[m * pt.N + o] = acc[i][j][e];
         }
     return;
   }
@@ -294,13 +319,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_ternary_prefill_kernel(const
       s.w += v.w;
     }
     const int64_t gm = x0 + m, go = o0 + o;
-    if (gm >= p.M || go >= p.N) continue;
-    float* yp = p.y + gm * p.N + go;
-    if (p.y_vec && go + 3 < p.N) {
+    if (gm >= p.M || go >= pt.N) continue;
+    float* yp = pt.y + gm * pt.N + go;
+    if (pt.y_vec && go + 3 < pt.N) {
       *reinterpret_cast<float4*>(yp) = s;
     } else {
       const float sv[4] = {s.x, s.y, s.z, s.w};
-      for (int e = 0; e < 4 && go + e < p.N; ++e) yp[e] = sv[e];
+      for (int e = 0; e < 4 && go + e < pt.N; ++e) yp[e] = sv[e];
     }
   }
   cluster.sync();  // no CTA leaves while another still reads its tile
@@ -401,7 +426,9 @@ __global__ void __launch_bounds__(kWgThreads, WgTile<BN>::kMinBlocks) gemm_terna
   const int g = lane >> 2, t = lane & 3;
   const int wg = warp >> 2, wi = warp & 3;
   const int split = blockIdx.x;  // == the cluster rank (cluster dims (S, 1, 1))
-  const int64_t o0 = static_cast<int64_t>(blockIdx.y) * kWgBO;
+  PrefillPart pt;
+  int64_t o0;
+  select_part(p, kWgBO, pt, o0);
   const int64_t x0 = static_cast<int64_t>(blockIdx.z) * BN;
   const int64_t K = p.K;
   const int kt0 = static_cast<int>(static_cast<int64_t>(p.n_kt) * split / p.splits);
@@ -413,7 +440,7 @@ __global__ void __launch_bounds__(kWgThreads, WgTile<BN>::kMinBlocks) gemm_terna
   // this warp's weight tiles: block b of warpgroup wg, rows 16 wi.. (past the padded rows: the last tile)
   int64_t tile[2];
 #pragma unroll
-  for (int b = 0; b < 2; ++b) tile[b] = std::min<int64_t>(o0 / 16 + (2 * wg + b) * 4 + wi, p.tiles16 - 1);
+  for (int b = 0; b < 2; ++b) tile[b] = std::min<int64_t>(o0 / 16 + (2 * wg + b) * 4 + wi, pt.tiles16 - 1);
 
   float4 ra[T::kF4];
   uint32_t rw[2][2], rsc[2];
@@ -430,10 +457,10 @@ __global__ void __launch_bounds__(kWgThreads, WgTile<BN>::kMinBlocks) gemm_terna
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
       const int64_t tb = tile[b] * p.nblk + blk;
-      const uint32_t* w = p.codes + tb * 128 + g * 8 + 2 * t + h;
+      const uint32_t* w = pt.codes + tb * 128 + g * 8 + 2 * t + h;
       rw[b][0] = __ldg(w);
       rw[b][1] = __ldg(w + 64);  // row g + 8
-      rsc[b] = __ldg(p.scales + tb * 8 + g);
+      rsc[b] = __ldg(pt.scales + tb * 8 + g);
     }
   };
   // float4 c4 = k 4 c4 .. + 3 of the k-tile: k16 group s = c4 / 4, local k 4t' + e (t' = c4 % 4); e = 0, 2
@@ -548,7 +575,7 @@ __global__ void __launch_bounds__(kWgThreads, WgTile<BN>::kMinBlocks) gemm_terna
         for (int e = 0; e < 4; ++e) {
           const int64_t o = o0 + 64 * (2 * wg + b) + 16 * wi + g + (e >= 2 ? 8 : 0);
           const int64_t m = x0 + 8 * j + 2 * t + (e & 1);
-          if (o < p.N && m < p.M) p.y[m * p.N + o] = acc[b][4 * j + e];
+          if (o < pt.N && m < p.M) pt.y[m * pt.N + o] = acc[b][4 * j + e];
         }
     return;
   }
@@ -581,13 +608,13 @@ __global__ void __launch_bounds__(kWgThreads, WgTile<BN>::kMinBlocks) gemm_terna
       sum.w += v.w;
     }
     const int64_t gm = x0 + m, go = o0 + o;
-    if (gm >= p.M || go >= p.N) continue;
-    float* yp = p.y + gm * p.N + go;
-    if (p.y_vec && go + 3 < p.N) {
+    if (gm >= p.M || go >= pt.N) continue;
+    float* yp = pt.y + gm * pt.N + go;
+    if (pt.y_vec && go + 3 < pt.N) {
       *reinterpret_cast<float4*>(yp) = sum;
     } else {
       const float sv[4] = {sum.x, sum.y, sum.z, sum.w};
-      for (int e = 0; e < 4 && go + e < p.N; ++e) yp[e] = sv[e];
+      for (int e = 0; e < 4 && go + e < pt.N; ++e) yp[e] = sv[e];
     }
   }
   cluster.sync();  // no CTA leaves while another still reads its tile
@@ -604,20 +631,36 @@ int sm_count() {
   return n;
 }
 
+// The launch's weights: parts in grid.y order, each weight's row tiles of bo rows; returns the total
+// number of row tiles (grid.y), or -1 past the grid's limit.
+int64_t fill_parts(PrefillArgs& p, const DevWeight* const* ws, float* const* ys, int n, int64_t bo) {
+  int64_t ty = 0;
+  p.nparts = n;
+  for (int k = 0; k < n; ++k) {
+    PrefillPart& pt = p.part[k];
+    pt.codes = reinterpret_cast<const uint32_t*>(ws[k]->data);
+    pt.scales = reinterpret_cast<const uint32_t*>(ws[k]->scales);
+    pt.y = ys[k];
+    pt.N = ws[k]->out;
+    pt.tiles16 = static_cast<int>(padded_rows(ws[k]->out) / 16);
+    pt.y_vec = ws[k]->out % 4 == 0 && reinterpret_cast<uintptr_t>(ys[k]) % 16 == 0;
+    ty += (ws[k]->out + bo - 1) / bo;
+    if (ty > 65535) return -1;
+    pt.ty_end = static_cast<int>(ty);
+  }
+  return ty;
+}
+
 template <int WX>
-bool launch_ternary(const DevWeight& w, const float* x, float* y, int64_t M, cudaStream_t s) {
+bool launch_ternary(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M, cudaStream_t s) {
   using T = Tile<WX>;
-  const int64_t tiles_x = (M + T::BX - 1) / T::BX, tiles_o = (w.out + T::BO - 1) / T::BO;
-  if (tiles_x > 65535 || tiles_o > 65535) return false;
+  const DevWeight& w = *ws[0];
   PrefillArgs p{};
-  p.codes = reinterpret_cast<const uint32_t*>(w.data);
-  p.scales = reinterpret_cast<const uint32_t*>(w.scales);
+  const int64_t tiles_x = (M + T::BX - 1) / T::BX, tiles_o = fill_parts(p, ws, ys, n, T::BO);
+  if (tiles_x > 65535 || tiles_o < 0) return false;
   p.x = x;
-  p.y = y;
   p.M = M;
   p.K = w.in;
-  p.N = w.out;
-  p.tiles16 = static_cast<int>(padded_rows(w.out) / 16);
   p.nblk = static_cast<int>(w.in / 128);
   p.n_kt = static_cast<int>(w.in / kKT);
   // k split: the S in {1, 2, 4, 8} whose CTAs fill the waves best (2 CTAs per SM), each share keeping
@@ -635,7 +678,6 @@ bool launch_ternary(const DevWeight& w, const float* x, float* y, int64_t M, cud
     }
   }
   p.splits = S;
-  p.y_vec = w.out % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
   const int smem = S == 1 ? T::kPipeBytes : std::max(T::kPipeBytes, T::kRedBytes);
   auto kernel = gemm_ternary_prefill_kernel<WX>;
   if (smem > 48 * 1024 &&
@@ -670,19 +712,15 @@ int cc_major() {
 }
 
 template <int BN, bool kOneFence>
-bool launch_wgmma(const DevWeight& w, const float* x, float* y, int64_t M, cudaStream_t s) {
+bool launch_wgmma(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M, cudaStream_t s) {
   using T = WgTile<BN>;
-  const int64_t tiles_x = (M + BN - 1) / BN, tiles_o = (w.out + kWgBO - 1) / kWgBO;
-  if (tiles_x > 65535 || tiles_o > 65535) return false;
+  const DevWeight& w = *ws[0];
   PrefillArgs p{};
-  p.codes = reinterpret_cast<const uint32_t*>(w.data);
-  p.scales = reinterpret_cast<const uint32_t*>(w.scales);
+  const int64_t tiles_x = (M + BN - 1) / BN, tiles_o = fill_parts(p, ws, ys, n, kWgBO);
+  if (tiles_x > 65535 || tiles_o < 0) return false;
   p.x = x;
-  p.y = y;
   p.M = M;
   p.K = w.in;
-  p.N = w.out;
-  p.tiles16 = static_cast<int>(padded_rows(w.out) / 16);
   p.nblk = static_cast<int>(w.in / 128);
   p.n_kt = static_cast<int>(w.in / kWgKT);
   auto kernel = gemm_ternary_wgmma_kernel<BN, kOneFence>;
@@ -741,7 +779,6 @@ bool launch_wgmma(const DevWeight& w, const float* x, float* y, int64_t M, cudaS
   }
   if (S == 0) return false;
   p.splits = S;
-  p.y_vec = w.out % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
   const int smem = smem_of(S);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(S), static_cast<unsigned>(tiles_o), static_cast<unsigned>(tiles_x));
@@ -764,19 +801,30 @@ bool launch_wgmma(const DevWeight& w, const float* x, float* y, int64_t M, cudaS
 
 }  // namespace
 
-bool launch_matmul_prefill(const DevWeight& w, const float* x, float* y, int64_t M, cudaStream_t s) {
-  if (M < 32 || w.out <= 0 || w.in <= 0) return false;
-  if (w.layout != Layout::kTernaryMma) return false;  // planar 2-bit and block formats: the GEMV tiles
-  if (w.in % 128 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(w.data) % 4 != 0 ||
-      reinterpret_cast<uintptr_t>(w.scales) % 4 != 0 || w.in / kKT > (int64_t{1} << 30))
-    return false;
+bool launch_matmul_prefill_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
+                                 cudaStream_t s) {
+  if (n < 1 || n > kTernaryMaxGroup || M <= 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
+  for (int k = 0; k < n; ++k) {
+    const DevWeight& w = *ws[k];
+    if (w.layout != Layout::kTernaryMma) return false;  // planar 2-bit and block formats: the GEMV tiles
+    if (w.out <= 0 || w.in <= 0 || w.in != ws[0]->in || w.in % 128 != 0 ||
+        reinterpret_cast<uintptr_t>(w.data) % 4 != 0 || reinterpret_cast<uintptr_t>(w.scales) % 4 != 0 ||
+        w.in / kKT > (int64_t{1} << 30))
+      return false;
+  }
   // Activation tiles of 64 rows when they pad fewer rows than 128 would (M <= 64, M % 128 in 1..64).
   const int64_t waste64 = (M + 63) / 64 * 64 - M, waste128 = (M + 127) / 128 * 128 - M;
   if (cc_major() == 9) {  // wgmma (the sm_90a build; other GPUs run the mma.sync kernel)
     // (one fence per k-tile measured faster with 64 rows, 2 CTAs per SM; step by step with 128)
-    return waste64 < waste128 ? launch_wgmma<64, true>(w, x, y, M, s) : launch_wgmma<128, false>(w, x, y, M, s);
+    return waste64 < waste128 ? launch_wgmma<64, true>(ws, ys, n, x, M, s) : launch_wgmma<128, false>(ws, ys, n, x, M, s);
   }
-  return waste64 < waste128 ? launch_ternary<1>(w, x, y, M, s) : launch_ternary<2>(w, x, y, M, s);
+  return waste64 < waste128 ? launch_ternary<1>(ws, ys, n, x, M, s) : launch_ternary<2>(ws, ys, n, x, M, s);
+}
+
+bool launch_matmul_prefill(const DevWeight& w, const float* x, float* y, int64_t M, cudaStream_t s) {
+  const DevWeight* one[1] = {&w};
+  float* const ys[1] = {y};
+  return launch_matmul_prefill_group(one, ys, 1, x, M, s);
 }
 
 }  // namespace dflash::cuda

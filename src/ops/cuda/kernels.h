@@ -57,9 +57,17 @@ void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, cons
 // one launch, each output's bits as its own matmul. Returns false (nothing launched) otherwise.
 bool launch_matmul_split_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
                                cudaStream_t s);
-// Prefill product (Backend::matmul_prefill): a tensor-core kernel whose rounding may depend on M.
-// Returns false when it has no kernel for this weight / M (the caller then uses launch_matmul).
+// Prefill product (Backend::matmul_prefill): a tensor-core kernel whose rounding may depend on M. The
+// backend calls it from kMatmulPrefillMinRows rows (cuda_backend.h). Returns false when it has no kernel
+// for this weight (the caller then uses launch_matmul).
 bool launch_matmul_prefill(const DevWeight& w, const float* x, float* y, int64_t M, cudaStream_t s);
+// Up to kTernaryMaxGroup ternary weights with the same `in` sharing the input x in one launch (their row
+// tiles fill the same waves). Returns false when any of them has no kernel (nothing is launched then).
+bool launch_matmul_prefill_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
+                                 cudaStream_t s);
+// Prefill product of a small dense weight (F32, F16, BF16 rows, out <= 128, in % 64 == 0: GDN's alpha and
+// beta): shared-memory tiles, fp32 sums in another order than the GEMV's. False when it does not apply.
+bool launch_matmul_small_n(const DevWeight& w, const float* x, float* y, int64_t M, int num_sms, cudaStream_t s);
 // y[M, in] = dequantized rows ids[M] (ids checked on the device: an id outside [0, out) writes NaN).
 void launch_get_rows(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s);
 // PTQ1_0 blocks (28 B / 128) -> planar 2-bit codes + scales, on the device. src: out rows of in/128 blocks.
@@ -141,6 +149,10 @@ struct AttentionPrepArgs {
 };
 constexpr int64_t kAttentionPrepMaxHeadDim = 1024;
 void launch_attention_prep(const AttentionPrepArgs& a, cudaStream_t s);
+// Backend::gdn_split_qkv in one kernel (norm.cu): conv rows [q | k | v] (Hk heads of dk, then vw floats)
+// -> l2-normed q (x q_scale), k, and v. False when dk is too wide for it (the caller runs the op sequence).
+bool launch_gdn_split_qkv(const float* conv, float* q, float* k, float* v, int64_t M, int64_t Hk, int64_t dk,
+                          int64_t vw, float eps, float q_scale, cudaStream_t s);
 // ---- Hadamard (hadamard.cu) -------------------------------------------------------------------------
 // x may equal y when perm is null; with a perm the caller passes a copy of x (gather reads the whole row).
 void launch_hadamard(const float* x, const float* signs, const int32_t* perm, float* y, int64_t rows, int64_t n,
@@ -200,7 +212,8 @@ void launch_top_k(const float* x, int32_t* ids, float* vals, int64_t M, int64_t 
 constexpr int64_t kTopKMax = 64;
 
 // ---- matmul-input chains (chain.cu): rotation blocks of 1024, quantized for the ternary matmul --------
-// xq: ternary_scratch(dim, rows).xq_bytes of scratch, written as the ternary matmul's activation records.
+// xq: ternary_scratch(dim, rows).xq_bytes of scratch, written as the ternary matmul's activation records;
+// null: no records (prefill chunks, whose bf16 tensor-core GEMM reads the float rows).
 // The norm chain needs dim / 1024 <= 8 (one cluster per row). block: 1024 (rotate) or 0 (no rotation:
 // xq holds the quantization of n (norm) or y (swiglu); the norm chain then leaves y untouched).
 bool chain_supported(int64_t dim, int64_t block, bool norm);
@@ -208,6 +221,9 @@ void launch_norm_rotate_quantize(float* x, const float* res, const float* w, flo
                                  void* xq, int64_t rows, int64_t dim, float eps, bool rotate, cudaStream_t s);
 void launch_swiglu_rotate_quantize(const float* gate, const float* up, const float* signs, float* y, void* xq,
                                    int64_t rows, int64_t dim, bool rotate, cudaStream_t s);
+// Backend::sigmoid_gate_rotate: y = x * sigmoid(gate), rotated (rotate) and quantized (xq not null).
+void launch_sigmoid_gate_rotate_quantize(const float* x, const float* gate, const float* signs, float* y, void* xq,
+                                         int64_t rows, int64_t dim, bool rotate, cudaStream_t s);
 // Backend::gated_norm_rotate as one kernel: rms_norm_gated per head of head_dim (a multiple of 32
 // dividing 1024), the rotation's gather perm (null, or one that moves whole heads) applied on load,
 // then the rotation (rotate) and the quantization of y. y must not overlap x when perm is set.
@@ -216,11 +232,12 @@ void launch_gated_norm_rotate_quantize(const float* x, const float* w, const flo
                                        const int32_t* perm, float* y, void* xq, int64_t rows, int64_t dim,
                                        int64_t head_dim, float eps, bool rotate, cudaStream_t s);
 
-// ---- DFlash 2 selector walk (selector.cu): Backend::selector_walk, one CTA -----------------------------
-size_t selector_walk_smem_bytes(int64_t top_k, int64_t rank);
-constexpr int64_t kSelectorMaxTopK = 256;  // one thread per candidate
+// ---- DFlash 2 selector walk (selector.cu): Backend::selector_walk, all pair scores then the walk -------
+// scratch: selector_walk_scratch_bytes(rows, top_k) (the scores of every (row, predecessor, candidate)).
+size_t selector_walk_scratch_bytes(int64_t rows, int64_t top_k);
+constexpr int64_t kSelectorMaxTopK = 256;
 void launch_selector_walk(const float* pred, const float* succ, const int32_t* cand, const float* unary, const float* g,
-                          int32_t* out, int64_t rows, int64_t top_k, int64_t rank, cudaStream_t s);
+                          int32_t* out, int64_t rows, int64_t top_k, int64_t rank, void* scratch, cudaStream_t s);
 
 // ---- diagnostics (bench.cu) -----------------------------------------------------------------------------
 // Reads n16 16-byte words of src, writes one checksum word per block into sink (grid-stride).

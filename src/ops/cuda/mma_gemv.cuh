@@ -64,7 +64,7 @@ constexpr int kXqMeta = 16;        // and its S0, S1, S2, 2^(E-16)
 
 __global__ void __launch_bounds__(128) quantize_x24_kernel(const float* __restrict__ x, int64_t K, int nblk,
                                                            uint8_t* __restrict__ xq, int32_t* __restrict__ meta) {
-  pdl_wait();
+  pdl_wait(gridDim.y == 1);
   __shared__ float smax[4];
   __shared__ int ssum[3][4];
   const int k = threadIdx.x, lane = k & 31, warp = k >> 5;
@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, F::kMinBlocks) mm_mma_kerne
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q)
     if (q < nj) issue_weights<F>(src, static_cast<int64_t>(q) * kWarpsPerCta, lane, ring + q * sb);
-  pdl_wait();
+  pdl_wait(a.M == 1);
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q) {
     if (q < nj) issue_acts<F>(src, static_cast<int64_t>(q) * kWarpsPerCta, a.nblk, mc, lane, ring + q * sb);

@@ -22,7 +22,7 @@ inline int norm_threads(int64_t n) { return n >= 4096 ? 1024 : n >= 1024 ? 256 :
 template <int kMode>
 __global__ void norm_kernel(const float* x, const float* __restrict__ w, const float* __restrict__ z, float* y,
                             int64_t n, float eps, float scale, float* x_out) {
-  pdl_wait();
+  pdl_wait(gridDim.x == 1);
   __shared__ float sh[32];
   const int64_t r = blockIdx.x;
   const int T = blockDim.x;
@@ -152,7 +152,7 @@ __device__ __forceinline__ float conv_step(float (&win)[kMaxK], const float (&wc
 template <int kK>
 __global__ void gdn_conv_kernel(const float* x, float* state, const float* __restrict__ w, float* y, int64_t M,
                                 int64_t C, int K_rt) {
-  pdl_wait();
+  pdl_wait(M == 1);
   const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int K = kK > 0 ? kK : K_rt;
@@ -259,7 +259,7 @@ __device__ __forceinline__ void prep_norm_row(const float* xr, const float* __re
 }
 
 __global__ void attention_prep_kernel(const AttentionPrepArgs a) {
-  pdl_wait();
+  pdl_wait(a.M == 1);
   __shared__ float sh[32];
   const int64_t m = blockIdx.x, hd = a.head_dim, half = a.n_rot / 2, kvw = a.n_head_kv * hd;
   const int64_t u = blockIdx.y;
@@ -292,7 +292,58 @@ __global__ void attention_prep_kernel(const AttentionPrepArgs a) {
   }
 }
 
+// ---- gdn_split_qkv: prefill's q | k | v split with the two l2 norms, one kernel ---------------------
+// Per CTA one unit of one conv row: a q head (l2 norm x q_scale), a k head (l2 norm) or the row's v
+// (copy). The norm is norm_kernel<1>'s in-register path with the same thread count (norm_threads(dk)):
+// the same sums in the same order, so every element has the bits of the op sequence.
+__global__ void gdn_split_qkv_kernel(const float* __restrict__ conv, float* __restrict__ q, float* __restrict__ k,
+                                     float* __restrict__ v, int64_t Hk, int64_t dk, int64_t vw, float eps,
+                                     float q_scale) {
+  pdl_wait();
+  __shared__ float sh[32];
+  const int64_t m = blockIdx.x, u = blockIdx.y, qw = Hk * dk, C = 2 * qw + vw;
+  const int T = blockDim.x;
+  const float* row = conv + m * C;
+  if (u < 2 * Hk) {
+    const bool is_q = u < Hk;
+    const float* xr = row + u * dk;  // k heads follow the q heads in the row
+    float* yr = (is_q ? q : k) + m * qw + (is_q ? u : u - Hk) * dk;
+    const float scale = is_q ? q_scale : 1.0f;
+    float val[kNormRegs];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kNormRegs; ++j) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
+      val[j] = i < dk ? xr[i] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kNormRegs; ++j)
+      if (threadIdx.x + static_cast<int64_t>(j) * T < dk) ss = fmaf(val[j], val[j], ss);
+    ss = block_sum(ss, sh);
+    const float inv = 1.0f / sqrtf(ss + eps);
+#pragma unroll
+    for (int j = 0; j < kNormRegs; ++j) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
+      if (i < dk) yr[i] = val[j] * inv * scale;
+    }
+  } else {
+    const float* src = row + 2 * qw;
+    float* dst = v + m * vw;
+    for (int64_t i = threadIdx.x; i < vw; i += T) dst[i] = src[i];
+  }
+}
+
 }  // namespace
+
+bool launch_gdn_split_qkv(const float* conv, float* q, float* k, float* v, int64_t M, int64_t Hk, int64_t dk,
+                          int64_t vw, float eps, float q_scale, cudaStream_t s) {
+  const int T = norm_threads(dk);
+  if (dk > static_cast<int64_t>(kNormRegs) * T || M > 0x7fffffff || 2 * Hk + 1 > 65535) return false;
+  if (M <= 0) return true;
+  const dim3 grid(static_cast<unsigned>(M), static_cast<unsigned>(2 * Hk + 1));
+  launch_pdl(gdn_split_qkv_kernel, grid, T, 0, s, conv, q, k, v, Hk, dk, vw, eps, q_scale);
+  return true;
+}
 
 void launch_attention_prep(const AttentionPrepArgs& a, cudaStream_t s) {
   if (a.M <= 0) return;
