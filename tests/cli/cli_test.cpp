@@ -210,8 +210,9 @@ TEST_F(Cli, QuantizeAndDumpMatchReferenceVectors) {
     ASSERT_EQ(floats.size(), dq.size());
     // Dequantizing the reference bytes must give the reference floats; when the quantized bytes
     // matched, our dump is exactly that.
-    if (first_diff == got.size())
+    if (first_diff == got.size()) {
       EXPECT_EQ(std::memcmp(floats.data(), dq.data(), dq.size()), 0) << type << ": dequantized floats differ";
+    }
     ++checked;
   }
   EXPECT_EQ(checked, 13);

@@ -227,28 +227,34 @@ void launch_norm_rotate_quantize(float* x, const float* res, const float* w, flo
                   dim3(chunks, 1, 1), pdl_enabled(), a);
 }
 
-void launch_swiglu_rotate_quantize(const float* gate, const float* up, const float* signs, float* y, void* xq,
-                                   int64_t rows, int64_t dim, bool rotate, cudaStream_t s) {
+// The elementwise chains (no cluster): kMode 1 SwiGLU (in0 = gate, in1 = up), 3 the sigmoid gate
+// (in0 = x, in1 = gate).
+template <int kMode>
+void launch_elementwise_chain(const float* in0, const float* in1, const float* signs, float* y, void* xq, int64_t rows,
+                              int64_t dim, bool rotate, cudaStream_t s) {
+  static_assert(kMode == 1 || kMode == 3, "elementwise chain modes");
   if (rows <= 0) return;
   ChainArgs a{};
-  a.gate = gate, a.up = up, a.signs = signs, a.y = y, a.dim = dim;
+  if constexpr (kMode == 1)
+    a.gate = in0, a.up = in1;
+  else
+    a.gx = in0, a.z = in1;
+  a.signs = signs, a.y = y, a.dim = dim;
   a.rotate = rotate;
   a.xq = static_cast<uint8_t*>(xq);
   a.meta = xq_meta(a.xq, rows, dim);
-  launch_pdl(chain_kernel<1>, dim3(static_cast<unsigned>(dim / kChunk), static_cast<unsigned>(rows)),
+  launch_pdl(chain_kernel<kMode>, dim3(static_cast<unsigned>(dim / kChunk), static_cast<unsigned>(rows)),
              dim3(kThreads), 0, s, a);
+}
+
+void launch_swiglu_rotate_quantize(const float* gate, const float* up, const float* signs, float* y, void* xq,
+                                   int64_t rows, int64_t dim, bool rotate, cudaStream_t s) {
+  launch_elementwise_chain<1>(gate, up, signs, y, xq, rows, dim, rotate, s);
 }
 
 void launch_sigmoid_gate_rotate_quantize(const float* x, const float* gate, const float* signs, float* y, void* xq,
                                          int64_t rows, int64_t dim, bool rotate, cudaStream_t s) {
-  if (rows <= 0) return;
-  ChainArgs a{};
-  a.gx = x, a.z = gate, a.signs = signs, a.y = y, a.dim = dim;
-  a.rotate = rotate;
-  a.xq = static_cast<uint8_t*>(xq);
-  a.meta = xq_meta(a.xq, rows, dim);
-  launch_pdl(chain_kernel<3>, dim3(static_cast<unsigned>(dim / kChunk), static_cast<unsigned>(rows)),
-             dim3(kThreads), 0, s, a);
+  launch_elementwise_chain<3>(x, gate, signs, y, xq, rows, dim, rotate, s);
 }
 
 void launch_gated_norm_rotate_quantize(const float* x, const float* w, const float* z, const float* signs,

@@ -293,11 +293,10 @@ class CudaBackend final : public Backend {
     if (use_chain(rot, rows) && cuda::chain_supported(dim, rot.block, true)) {
       // one kernel: (residual +) norm, rotation, and the next integer matmul's quantization of its input
       // (y, or n without rotation)
-      void* xq = chain_xq(rows, dim);
       const bool rotate = rot.block > 0;
-      cuda::launch_norm_rotate_quantize(x, res, w, n, rot.signs, y, xq, rows, dim, eps, rotate, stream_);
-      after("residual_norm_rotate");
-      if (xq) xq_ = XqKey{rotate ? y : n, rows, dim, xq, true};
+      run_chain(rotate ? y : n, rows, dim, "residual_norm_rotate", [&](void* xq) {
+        cuda::launch_norm_rotate_quantize(x, res, w, n, rot.signs, y, xq, rows, dim, eps, rotate, stream_);
+      });
       return;
     }
     if (!res) {
@@ -313,10 +312,9 @@ class CudaBackend final : public Backend {
   void swiglu_rotate(const float* gate, const float* up, float* y, const Rotation& rot, int64_t rows,
                      int64_t dim) override {
     if (use_chain(rot, rows) && cuda::chain_supported(dim, rot.block, false)) {
-      void* xq = chain_xq(rows, dim);
-      cuda::launch_swiglu_rotate_quantize(gate, up, rot.signs, y, xq, rows, dim, rot.block > 0, stream_);
-      after("swiglu_rotate");
-      if (xq) xq_ = XqKey{y, rows, dim, xq, true};
+      run_chain(y, rows, dim, "swiglu_rotate", [&](void* xq) {
+        cuda::launch_swiglu_rotate_quantize(gate, up, rot.signs, y, xq, rows, dim, rot.block > 0, stream_);
+      });
       return;
     }
     Backend::swiglu_rotate(gate, up, y, rot, rows, dim);
@@ -327,10 +325,9 @@ class CudaBackend final : public Backend {
     const size_t bytes = sizeof(float) * rows * dim;
     const bool overlap = xb != yb && xb < yb + bytes && yb < xb + bytes;  // in place is fine (elementwise load first)
     if (sigmoid_chain_ && use_chain(rot, rows) && !overlap && cuda::chain_supported(dim, rot.block, false)) {
-      void* xq = chain_xq(rows, dim);
-      cuda::launch_sigmoid_gate_rotate_quantize(x, gate, rot.signs, y, xq, rows, dim, rot.block > 0, stream_);
-      after("sigmoid_gate_rotate");
-      if (xq) xq_ = XqKey{y, rows, dim, xq, true};
+      run_chain(y, rows, dim, "sigmoid_gate_rotate", [&](void* xq) {
+        cuda::launch_sigmoid_gate_rotate_quantize(x, gate, rot.signs, y, xq, rows, dim, rot.block > 0, stream_);
+      });
       return;
     }
     Backend::sigmoid_gate_rotate(x, gate, y, rot, rows, dim);
@@ -343,11 +340,10 @@ class CudaBackend final : public Backend {
     const bool perm_ok = !rot.perm || (rot.perm_group == head_dim && !overlap);  // the gather crosses chunks
     if (chain_ && gated_chain_ && perm_ok && rows <= 65535 && (rot.block > 0 || chain_plain_) &&
         cuda::gated_chain_supported(dim, rot.block, head_dim)) {
-      void* xq = chain_xq(rows, dim);
-      cuda::launch_gated_norm_rotate_quantize(x, w, z, rot.signs, rot.perm, y, xq, rows, dim, head_dim, eps,
-                                              rot.block > 0, stream_);
-      after("gated_norm_rotate");
-      if (xq) xq_ = XqKey{y, rows, dim, xq, true};
+      run_chain(y, rows, dim, "gated_norm_rotate", [&](void* xq) {
+        cuda::launch_gated_norm_rotate_quantize(x, w, z, rot.signs, rot.perm, y, xq, rows, dim, head_dim, eps,
+                                                rot.block > 0, stream_);
+      });
       return;
     }
     Backend::gated_norm_rotate(x, w, z, y, rot, rows, dim, head_dim, eps);
@@ -359,6 +355,15 @@ class CudaBackend final : public Backend {
   void* chain_xq(int64_t rows, int64_t dim) {
     if (rows >= cuda::kMatmulPrefillMinRows && !prefill_xq_) return nullptr;
     return scratch(kScratchMatmulXq, cuda::ternary_scratch(dim, rows).xq_bytes);
+  }
+  // One chain kernel writing y [rows, dim] (launch(xq) launches it): its quantization records go to the
+  // matmul scratch (none at prefill sizes) and the xq cache then points at them.
+  template <typename Launch>
+  void run_chain(const float* y, int64_t rows, int64_t dim, const char* op, Launch&& launch) {
+    void* xq = chain_xq(rows, dim);
+    launch(xq);
+    after(op);
+    if (xq) xq_ = XqKey{y, rows, dim, xq, true};
   }
   // The fused chain kernels (chain.cu) take rotations of 1024-blocks without a permutation, and no
   // rotation at all unless DFLASH_CUDA_CHAIN_PLAIN=0.

@@ -233,8 +233,13 @@ inline unsigned elem_blocks(int64_t n) {
 // store into the cache) or the row's values (store into the cache). The norm is norm_kernel<0>'s
 // in-register path with the same thread count (norm_threads(head_dim)), so the same sums in the same
 // order, and the rope is rope_pair: every element has the bits of the op sequence.
-__device__ __forceinline__ void prep_norm_row(const float* xr, const float* __restrict__ w, float* yr, int64_t n,
-                                              float eps, float* sh) {
+
+// One row of n <= kNormRegs * blockDim.x elements, as norm_kernel's in-register path (the same loads,
+// sums and rounding): kL2 false: rms norm (mean of squares) times w (or 1), norm_kernel<0>; true: l2
+// norm (sum of squares) times scale, norm_kernel<1>. attention_prep and gdn_split_qkv use it.
+template <bool kL2>
+__device__ __forceinline__ void norm_row_regs(const float* xr, const float* __restrict__ w, float scale, float* yr,
+                                              int64_t n, float eps, float* sh) {
   const int T = blockDim.x;
   float v[kNormRegs];
   float ss = 0.0f;
@@ -247,13 +252,16 @@ __device__ __forceinline__ void prep_norm_row(const float* xr, const float* __re
   for (int j = 0; j < kNormRegs; ++j)
     if (threadIdx.x + static_cast<int64_t>(j) * T < n) ss = fmaf(v[j], v[j], ss);
   ss = block_sum(ss, sh);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  const float inv = kL2 ? 1.0f / sqrtf(ss + eps) : 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
 #pragma unroll
   for (int j = 0; j < kNormRegs; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
     if (i < n) {
       const float q = v[j] * inv;
-      yr[i] = w ? q * w[i] : q;
+      if constexpr (kL2)
+        yr[i] = q * scale;
+      else
+        yr[i] = w ? q * w[i] : q;
     }
   }
 }
@@ -272,12 +280,12 @@ __global__ void attention_prep_kernel(const AttentionPrepArgs a) {
     float* dst = a.q + qh * hd;
     if (a.gate)
       for (int64_t i = threadIdx.x; i < hd; i += T) a.gate[qh * hd + i] = src[hd + i];
-    prep_norm_row(src, a.q_norm, dst, hd, a.eps, sh);
+    norm_row_regs<false>(src, a.q_norm, 1.0f, dst, hd, a.eps, sh);
     __syncthreads();  // the rope pairs span other threads' elements
     for (int64_t d = threadIdx.x; d < half; d += T) rope_pair(dst, d, half, a.n_rot, a.pos[m], static_cast<double>(a.theta));
   } else if (u < a.n_head + a.n_head_kv) {
     float* kr = a.k + m * kvw + (u - a.n_head) * hd;
-    prep_norm_row(kr, a.k_norm, kr, hd, a.eps, sh);
+    norm_row_regs<false>(kr, a.k_norm, 1.0f, kr, hd, a.eps, sh);
     __syncthreads();
     for (int64_t d = threadIdx.x; d < half; d += T) rope_pair(kr, d, half, a.n_rot, a.pos[m], static_cast<double>(a.theta));
     __syncthreads();
@@ -308,24 +316,7 @@ __global__ void gdn_split_qkv_kernel(const float* __restrict__ conv, float* __re
     const bool is_q = u < Hk;
     const float* xr = row + u * dk;  // k heads follow the q heads in the row
     float* yr = (is_q ? q : k) + m * qw + (is_q ? u : u - Hk) * dk;
-    const float scale = is_q ? q_scale : 1.0f;
-    float val[kNormRegs];
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kNormRegs; ++j) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
-      val[j] = i < dk ? xr[i] : 0.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < kNormRegs; ++j)
-      if (threadIdx.x + static_cast<int64_t>(j) * T < dk) ss = fmaf(val[j], val[j], ss);
-    ss = block_sum(ss, sh);
-    const float inv = 1.0f / sqrtf(ss + eps);
-#pragma unroll
-    for (int j = 0; j < kNormRegs; ++j) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
-      if (i < dk) yr[i] = val[j] * inv * scale;
-    }
+    norm_row_regs<true>(xr, nullptr, is_q ? q_scale : 1.0f, yr, dk, eps, sh);
   } else {
     const float* src = row + 2 * qw;
     float* dst = v + m * vw;
