@@ -16,7 +16,7 @@
 #       into /tmp, never carried) and measures whole-model decode on it.
 #       --dflash-bench TYPE writes the synthetic 27B target of TYPE and the 27B-shaped drafter
 #       (`dflash synth-drafter --preset qwen38-27b`) and runs `dflash bench --device cuda` on the pair
-#       (extra bench options in $DBENCH_ARGS).
+#       (repetitions $DBENCH_REPS, default 2; extra bench options in $DBENCH_ARGS).
 #       --sass NAME writes the opcode histogram of the kernels whose name contains NAME
 #       (tools/sass_opcodes.py; e.g. --sass mm_mma_kernel).
 #       --profile-step TYPE profiles one decode step of that 27B target with ncu and writes the
@@ -25,12 +25,36 @@
 #       prefill chunk (the backend's prefill_rows() rows), --profile-draft TYPE for one draft step of
 #       the 27B-shaped drafter.
 #
+#   scripts/gpu_test.sh --stage-ab NAME
+#       on the build machine: packs the current build's bench_cuda_ops and dflash (stripped, with their
+#       libraries) as build-cuda/gpu_NAME.tgz (~16 MB), a second build to compare on the same GPU machine
+#       (a change without a runtime switch: stage-ab the old tree, then stage the new one; carry both).
+#   scripts/gpu_test.sh --ab NAME [--ab-runs N]   (with --dflash-bench TYPE, or after it on the machine)
+#       on the GPU machine: alternates the current build and gpu_NAME N times (default 2) on the 27B pair:
+#       bench_cuda_ops --model-only (decode, verify, draft) and dflash bench pp512.
+#
 # Through the device tool:  run(command="bash scripts/gpu_test.sh", carry=["build-cuda/gpu.tgz"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # BUILD names the build folder (default build-cuda): concurrent engineers each stage their own.
 BD=${BUILD:-build-cuda}
 G=$BD/gpu
+
+if [ "${1:-}" = "--stage-ab" ]; then
+  set -e
+  NAME=${2:?--stage-ab NAME}
+  [ -x "$G/bench_cuda_ops" ] || { echo "no $G/bench_cuda_ops: run --stage first" >&2; exit 2; }
+  T=$(mktemp -d)
+  mkdir -p "$T/gpu_$NAME/lib"
+  cp "$G/bench_cuda_ops" "$G/COMMIT" "$T/gpu_$NAME/"
+  [ -f "$G/dflash" ] && cp "$G/dflash" "$T/gpu_$NAME/"
+  cp "$G"/lib/* "$T/gpu_$NAME/lib/" 2>/dev/null || true
+  strip "$T/gpu_$NAME/bench_cuda_ops" "$T/gpu_$NAME/dflash" 2>/dev/null || true
+  tar czf "$BD/gpu_$NAME.tgz" -C "$T" "gpu_$NAME"
+  rm -rf "$T"
+  du -sh "$BD/gpu_$NAME.tgz"
+  exit 0
+fi
 
 if [ "${1:-}" = "--stage" ]; then
   set -e
@@ -54,7 +78,7 @@ if [ "${1:-}" = "--stage" ]; then
   exit 0
 fi
 
-RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64 DBENCH="" PROFILE="" PROFILE_KIND=decode SASS=""
+RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64 DBENCH="" PROFILE="" PROFILE_KIND=decode SASS="" AB="" AB_RUNS=2
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-test) RUN_TEST=0 ;;
@@ -67,6 +91,8 @@ while [ $# -gt 0 ]; do
     --profile-prefill) PROFILE="$2"; PROFILE_KIND=prefill; shift ;;
     --profile-draft) PROFILE="$2"; PROFILE_KIND=draft; shift ;;
     --sass) SASS="$2"; shift ;;
+    --ab) AB="$2"; shift ;;
+    --ab-runs) AB_RUNS="$2"; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -119,7 +145,7 @@ if [ -n "$DBENCH" ]; then
   [ -f "$D" ] || timeout 120 "$G/dflash" synth-drafter "$D" --preset qwen38-27b --target "$F" >"$OUT/synth_drafter.log" 2>&1
   echo "synth pair $DBENCH: $(( $(date +%s) - t0 )) s"
   t0=$(date +%s)
-  timeout 300 "$G/dflash" bench --device cuda -m "$F" -d "$D" -p 512 -n "$TOKENS" -r 2 ${DBENCH_ARGS:-} \
+  timeout 300 "$G/dflash" bench --device cuda -m "$F" -d "$D" -p 512 -n "$TOKENS" -r "${DBENCH_REPS:-2}" ${DBENCH_ARGS:-} \
     >"$OUT/dflash_bench_$DBENCH.md" 2>"$OUT/dflash_bench_$DBENCH.log"
   echo "dflash bench $DBENCH: exit $? in $(( $(date +%s) - t0 )) s"
   cat "$OUT/dflash_bench_$DBENCH.md"; tail -5 "$OUT/dflash_bench_$DBENCH.log"
@@ -151,6 +177,23 @@ if [ -n "$PROFILE" ]; then
   python3 tools/ncu_step_breakdown.py "$OUT/step_$PROFILE.csv" "${FLOOR:-4500}" >"$OUT/step_breakdown_$PROFILE.md"
   cat "$OUT/step_breakdown_$PROFILE.md"
   gzip -f "$OUT/step_$PROFILE.csv"
+fi
+
+if [ -n "$AB" ]; then
+  # The current build against gpu_$AB (--stage-ab), alternating, on the 27B pair (written if missing).
+  F=/tmp/bonsai27-${DBENCH:-ptq1_0}.gguf D=/tmp/drafter27.gguf
+  [ -f "$F" ] || timeout 200 "$G/dflash" synth "$F" --preset bonsai-27b --type "${DBENCH:-ptq1_0}" >/dev/null 2>&1
+  [ -f "$D" ] || timeout 120 "$G/dflash" synth-drafter "$D" --preset qwen38-27b --target "$F" >/dev/null 2>&1
+  [ -d "$BD/gpu_$AB" ] || tar xzf "$BD/gpu_$AB.tgz" -C "$BD"
+  for i in $(seq 1 "$AB_RUNS"); do
+    for B in "$G" "$BD/gpu_$AB"; do
+      echo "== $B ($(tr '\n' ' ' <"$B/COMMIT"))"
+      LD_LIBRARY_PATH="$PWD/$B/lib" timeout 150 "$B/bench_cuda_ops" --model "$F" --drafter "$D" --model-only 2>&1 |
+        grep -E "^decode|^verify|^draft step"
+      [ -x "$B/dflash" ] && LD_LIBRARY_PATH="$PWD/$B/lib" timeout 150 "$B/dflash" bench --device cuda -m "$F" -p 512 \
+        -n 8 -r 3 --no-spec 2>/dev/null | grep pp512
+    done
+  done | tee "$OUT/ab_$AB.txt"
 fi
 
 echo "================ summary"
