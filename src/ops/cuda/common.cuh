@@ -66,6 +66,38 @@ __device__ __forceinline__ void rope_pair(float* xh, int64_t d, int64_t half, in
   xh[d + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
 }
 
+// Grouped launches (several weights sharing one input in one grid): part k owns the grid indices
+// [parts[k - 1].cta_end, parts[k].cta_end) along one grid dimension. Returns the part that index b falls
+// in and sets begin to its first index. Unrolled copies, no dynamic index into the kernel parameters.
+template <class Part, int N>
+__device__ __forceinline__ Part group_part(const Part (&parts)[N], int nparts, int b, int& begin) {
+  Part pt = parts[0];
+  begin = 0;
+#pragma unroll
+  for (int k = 1; k < N; ++k)
+    if (k < nparts && b >= parts[k - 1].cta_end) {
+      begin = parts[k - 1].cta_end;
+      pt = parts[k];
+    }
+  return pt;
+}
+
+// get_rows kernels with one thread per element: element e of output row m = blockIdx.y, its id. The ids
+// are device memory (the host cannot check them): an id outside [0, N) writes NaN. False when the thread
+// has nothing more to do (e past K, or the NaN written).
+__device__ __forceinline__ bool get_rows_element(int64_t K, int64_t N, const int32_t* __restrict__ ids,
+                                                 float* __restrict__ y, int64_t& e, int64_t& m, int32_t& id) {
+  e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  m = blockIdx.y;
+  if (e >= K) return false;
+  id = ids[m];
+  if (id < 0 || id >= N) {
+    y[m * K + e] = __int_as_float(0x7fc00000);
+    return false;
+  }
+  return true;
+}
+
 inline unsigned ceil_div_u(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
 // Programmatic dependent launch (SPEC 8): kernels are launched so that the next one may start while

@@ -125,7 +125,7 @@ struct PrefillPart {
   float* y;
   int64_t N;
   int tiles16;  // Np / 16
-  int ty_end;   // one past this weight's last CTA row tile (blockIdx.y)
+  int cta_end;  // one past this weight's last CTA row tile (blockIdx.y; group_part)
   bool y_vec;   // S > 1: y rows allow 16-byte stores
 };
 struct PrefillArgs {
@@ -140,15 +140,40 @@ struct PrefillArgs {
 
 // This CTA's weight and the first of its output rows in that weight (tiles of bo rows along grid.y).
 __device__ __forceinline__ void select_part(const PrefillArgs& p, int bo, PrefillPart& pt, int64_t& o0) {
-  int begin = 0;
-  pt = p.part[0];
-#pragma unroll
-  for (int k = 1; k < kTernaryMaxGroup; ++k)
-    if (k < p.nparts && static_cast<int>(blockIdx.y) >= p.part[k - 1].ty_end) {
-      begin = p.part[k - 1].ty_end;
-      pt = p.part[k];
-    }
+  int begin;
+  pt = group_part(p.part, p.nparts, static_cast<int>(blockIdx.y), begin);
   o0 = static_cast<int64_t>(static_cast<int>(blockIdx.y) - begin) * bo;
+}
+
+// Split-K: each CTA of the cluster left its fp32 tile (kBO weight rows x kBX activation rows) in shared
+// memory, red[m * ld + o]; rank r adds rows [r kBX / S, (r + 1) kBX / S) of the S tiles in rank order
+// (the same sum whatever the timing) and stores them (16-byte stores where y allows). Both kernels.
+template <int kBO, int kBX, int kThreadsN>
+__device__ __forceinline__ void reduce_split_tile(const PrefillArgs& p, const PrefillPart& pt, float* red, int ld,
+                                                  int64_t x0, int64_t o0, cg::cluster_group& cluster) {
+  const int S = p.splits, rows = kBX / S;
+  const int rank = static_cast<int>(cluster.block_rank());
+  for (int idx = static_cast<int>(threadIdx.x); idx < rows * (kBO / 4); idx += kThreadsN) {
+    const int m = rank * rows + idx / (kBO / 4), o = 4 * (idx % (kBO / 4));
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int src = 0; src < S; ++src) {
+      const float* other = cluster.map_shared_rank(red, src);
+      const float4 v = *reinterpret_cast<const float4*>(other + m * ld + o);
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    const int64_t gm = x0 + m, go = o0 + o;
+    if (gm >= p.M || go >= pt.N) continue;
+    float* yp = pt.y + gm * pt.N + go;
+    if (pt.y_vec && go + 3 < pt.N) {
+      *reinterpret_cast<float4*>(yp) = sum;
+    } else {
+      const float sv[4] = {sum.x, sum.y, sum.z, sum.w};
+      for (int e = 0; e < 4 && go + e < pt.N; ++e) yp[e] = sv[e];
+    }
+  }
 }
 
 template <int WX>
@@ -305,29 +330,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_ternary_prefill_kernel(const
       }
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
-  const int S = p.splits, rows = BX / S;
-  const int rank = static_cast<int>(cluster.block_rank());
-  for (int idx = tid; idx < rows * (BO / 4); idx += kThreads) {
-    const int m = rank * rows + idx / (BO / 4), o = 4 * (idx % (BO / 4));
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int src = 0; src < S; ++src) {  // rank order: the same sum whatever the timing
-      const float* other = cluster.map_shared_rank(red, src);
-      const float4 v = *reinterpret_cast<const float4*>(other + m * LD + o);
-      s.x += v.x;
-      s.y += v.y;
-      s.z += v.z;
-      s.w += v.w;
-    }
-    const int64_t gm = x0 + m, go = o0 + o;
-    if (gm >= p.M || go >= pt.N) continue;
-    float* yp = pt.y + gm * pt.N + go;
-    if (pt.y_vec && go + 3 < pt.N) {
-      *reinterpret_cast<float4*>(yp) = s;
-    } else {
-      const float sv[4] = {s.x, s.y, s.z, s.w};
-      for (int e = 0; e < 4 && go + e < pt.N; ++e) yp[e] = sv[e];
-    }
-  }
+  reduce_split_tile<BO, BX, kThreads>(p, pt, red, LD, x0, o0, cluster);
   cluster.sync();  // no CTA leaves while another still reads its tile
 }
 
@@ -594,29 +597,7 @@ __global__ void __launch_bounds__(kWgThreads, WgTile<BN>::kMinBlocks) gemm_terna
       }
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
-  const int S = p.splits, rows = BN / S;
-  const int rank = static_cast<int>(cluster.block_rank());
-  for (int idx = tid; idx < rows * (kWgBO / 4); idx += kWgThreads) {
-    const int m = rank * rows + idx / (kWgBO / 4), o = 4 * (idx % (kWgBO / 4));
-    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int src = 0; src < S; ++src) {  // rank order: the same sum whatever the timing
-      const float* other = cluster.map_shared_rank(red, src);
-      const float4 v = *reinterpret_cast<const float4*>(other + m * LD + o);
-      sum.x += v.x;
-      sum.y += v.y;
-      sum.z += v.z;
-      sum.w += v.w;
-    }
-    const int64_t gm = x0 + m, go = o0 + o;
-    if (gm >= p.M || go >= pt.N) continue;
-    float* yp = pt.y + gm * pt.N + go;
-    if (pt.y_vec && go + 3 < pt.N) {
-      *reinterpret_cast<float4*>(yp) = sum;
-    } else {
-      const float sv[4] = {sum.x, sum.y, sum.z, sum.w};
-      for (int e = 0; e < 4 && go + e < pt.N; ++e) yp[e] = sv[e];
-    }
-  }
+  reduce_split_tile<kWgBO, BN, kWgThreads>(p, pt, red, LD, x0, o0, cluster);
   cluster.sync();  // no CTA leaves while another still reads its tile
 #else
   __trap();  // launched for compute capability 9.x only, which runs the sm_90a build
@@ -646,7 +627,7 @@ int64_t fill_parts(PrefillArgs& p, const DevWeight* const* ws, float* const* ys,
     pt.y_vec = ws[k]->out % 4 == 0 && reinterpret_cast<uintptr_t>(ys[k]) % 16 == 0;
     ty += (ws[k]->out + bo - 1) / bo;
     if (ty > 65535) return -1;
-    pt.ty_end = static_cast<int>(ty);
+    pt.cta_end = static_cast<int>(ty);
   }
   return ty;
 }
@@ -685,19 +666,8 @@ bool launch_ternary(const DevWeight* const* ws, float* const* ys, int n, const f
     (void)cudaGetLastError();
     return false;
   }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(S), static_cast<unsigned>(tiles_o), static_cast<unsigned>(tiles_x));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(S);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = S > 1 ? 1 : 0;
-  if (cudaLaunchKernelEx(&cfg, kernel, p) != cudaSuccess) {
+  const dim3 grid(static_cast<unsigned>(S), static_cast<unsigned>(tiles_o), static_cast<unsigned>(tiles_x));
+  if (launch_ex(kernel, grid, dim3(kThreads), static_cast<size_t>(smem), s, dim3(S, 1, 1), false, p) != cudaSuccess) {
     (void)cudaGetLastError();  // e.g. no room for the cluster: the caller's GEMV path computes it instead
     return false;
   }
@@ -780,19 +750,8 @@ bool launch_wgmma(const DevWeight* const* ws, float* const* ys, int n, const flo
   if (S == 0) return false;
   p.splits = S;
   const int smem = smem_of(S);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(S), static_cast<unsigned>(tiles_o), static_cast<unsigned>(tiles_x));
-  cfg.blockDim = dim3(kWgThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(S);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = S > 1 ? 1 : 0;
-  if (cudaLaunchKernelEx(&cfg, kernel, p) != cudaSuccess) {
+  const dim3 grid(static_cast<unsigned>(S), static_cast<unsigned>(tiles_o), static_cast<unsigned>(tiles_x));
+  if (launch_ex(kernel, grid, dim3(kWgThreads), static_cast<size_t>(smem), s, dim3(S, 1, 1), false, p) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }

@@ -358,14 +358,8 @@ mm_blocks_split_kernel(const SplitGroup grp, int64_t K, const float* __restrict_
   constexpr int NR = SplitCfg<T, R>::NR, U = SplitCfg<T, R>::U;
   __shared__ float part[kSplitWarps][NR][R];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  SplitPart sp = grp.part[0];
-  int cta_begin = 0;
-#pragma unroll
-  for (int k = 1; k < kTernaryMaxGroup; ++k)
-    if (k < grp.nparts && static_cast<int>(blockIdx.x) >= grp.part[k - 1].cta_end) {
-      cta_begin = grp.part[k - 1].cta_end;
-      sp = grp.part[k];
-    }
+  int cta_begin;
+  const SplitPart sp = group_part(grp.part, grp.nparts, static_cast<int>(blockIdx.x), cta_begin);
   const uint8_t* __restrict__ W = sp.W;
   const size_t row_stride = sp.row_stride;
   const int64_t N = sp.N;
@@ -626,24 +620,17 @@ template <int T>
 __global__ void get_rows_naive_kernel(const uint8_t* __restrict__ W, size_t row_stride, int64_t K, int64_t N,
                                       const int32_t* __restrict__ ids, float* __restrict__ y) {
   pdl_wait();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t m = blockIdx.y;
-  if (i >= K) return;
-  const int32_t id = ids[m];
-  y[m * K + i] = (id < 0 || id >= N) ? __int_as_float(0x7fc00000) : plain_elem<T>(W + id * row_stride, i);
+  int64_t i, m;
+  int32_t id;
+  if (get_rows_element(K, N, ids, y, i, m, id)) y[m * K + i] = plain_elem<T>(W + id * row_stride, i);
 }
 
 __global__ void get_rows_planar2_kernel(const uint8_t* __restrict__ codes, const uint16_t* __restrict__ scales,
                                         int64_t K, int64_t N, const int32_t* __restrict__ ids, float* __restrict__ y) {
   pdl_wait();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t m = blockIdx.y;
-  if (i >= K) return;
-  const int32_t id = ids[m];
-  if (id < 0 || id >= N) {
-    y[m * K + i] = __int_as_float(0x7fc00000);
-    return;
-  }
+  int64_t i, m;
+  int32_t id;
+  if (!get_rows_element(K, N, ids, y, i, m, id)) return;
   int shift;
   const int64_t byte = planar2_byte(K, i, shift);
   const int c = (codes[id * (K / 4) + byte] >> shift) & 3;

@@ -260,14 +260,9 @@ __global__ void get_rows_kquant_kernel(const uint8_t* __restrict__ codes, const 
                                        int64_t K, int64_t N, int nblk, const int32_t* __restrict__ ids,
                                        float* __restrict__ y) {
   pdl_wait();
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t m = blockIdx.y;
-  if (e >= K) return;
-  const int32_t id = ids[m];
-  if (id < 0 || id >= N) {
-    y[m * K + e] = __int_as_float(0x7fc00000);
-    return;
-  }
+  int64_t e, m;
+  int32_t id;
+  if (!get_rows_element(K, N, ids, y, e, m, id)) return;
   const int r = id & 15;
   const int64_t tb = (static_cast<int64_t>(id) >> 4) * nblk + (e >> 7);
   const int k = static_cast<int>(e & 127);

@@ -158,14 +158,9 @@ __global__ void get_rows_ternary_kernel(const uint32_t* __restrict__ codes, cons
                                         int64_t K, int64_t N, int nblk, const int32_t* __restrict__ ids,
                                         float* __restrict__ y) {
   pdl_wait();
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t m = blockIdx.y;
-  if (e >= K) return;
-  const int32_t id = ids[m];
-  if (id < 0 || id >= N) {
-    y[m * K + e] = __int_as_float(0x7fc00000);
-    return;
-  }
+  int64_t e, m;
+  int32_t id;
+  if (!get_rows_element(K, N, ids, y, e, m, id)) return;
   const int64_t tile = id >> 4;
   const int r = id & 15;
   const int b = static_cast<int>(e >> 7);

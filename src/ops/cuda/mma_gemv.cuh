@@ -267,14 +267,8 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, F::kMinBlocks) mm_mma_kerne
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   // This CTA's weight (part) and its first tile in that weight.
-  MmaPart pt = a.part[0];
-  int cta_begin = 0;
-#pragma unroll
-  for (int k = 1; k < kTernaryMaxGroup; ++k)
-    if (k < a.nparts && static_cast<int>(blockIdx.x) >= a.part[k - 1].cta_end) {
-      cta_begin = a.part[k - 1].cta_end;
-      pt = a.part[k];
-    }
+  int cta_begin;
+  const MmaPart pt = group_part(a.part, a.nparts, static_cast<int>(blockIdx.x), cta_begin);
   const int tiles = pt.tiles;
   const int tile0 = (blockIdx.x - cta_begin) * kTilesPerCta;
   const int nt_rows = min(kTilesPerCta, tiles - tile0) * 16;  // weight rows of this CTA (<= 64)
