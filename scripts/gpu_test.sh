@@ -32,6 +32,10 @@
 #   scripts/gpu_test.sh --ab NAME [--ab-runs N]   (with --dflash-bench TYPE, or after it on the machine)
 #       on the GPU machine: alternates the current build and gpu_NAME N times (default 2) on the 27B pair:
 #       bench_cuda_ops --model-only (decode, verify, draft) and dflash bench pp512.
+#   scripts/gpu_test.sh --env-ab 'A=0;B=1 C=2' [--ab-runs N] [--pp]   (with --dflash-bench TYPE)
+#       on the GPU machine: bench_cuda_ops --model-only on the 27B pair with no extra environment, then with
+#       each ';'-separated set of assignments (runtime switches, DFLASH_CUDA_SKIP=... diagnostics), N rounds;
+#       --pp adds dflash bench pp512 to each.
 #
 # Through the device tool:  run(command="bash scripts/gpu_test.sh", carry=["build-cuda/gpu.tgz"])
 set -uo pipefail
@@ -78,7 +82,7 @@ if [ "${1:-}" = "--stage" ]; then
   exit 0
 fi
 
-RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64 DBENCH="" PROFILE="" PROFILE_KIND=decode SASS="" AB="" AB_RUNS=2
+RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64 DBENCH="" PROFILE="" PROFILE_KIND=decode SASS="" AB="" AB_RUNS=2 ENVAB="" ENVAB_PP=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-test) RUN_TEST=0 ;;
@@ -93,6 +97,8 @@ while [ $# -gt 0 ]; do
     --sass) SASS="$2"; shift ;;
     --ab) AB="$2"; shift ;;
     --ab-runs) AB_RUNS="$2"; shift ;;
+    --env-ab) ENVAB="$2"; shift ;;
+    --pp) ENVAB_PP=1 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -194,6 +200,23 @@ if [ -n "$AB" ]; then
         -n 8 -r 3 --no-spec 2>/dev/null | grep pp512
     done
   done | tee "$OUT/ab_$AB.txt"
+fi
+
+if [ -n "$ENVAB" ]; then
+  # Runtime switches of one build against its defaults, alternating, on the 27B pair.
+  F=/tmp/bonsai27-${DBENCH:-ptq1_0}.gguf D=/tmp/drafter27.gguf
+  [ -f "$F" ] || timeout 200 "$G/dflash" synth "$F" --preset bonsai-27b --type "${DBENCH:-ptq1_0}" >/dev/null 2>&1
+  [ -f "$D" ] || timeout 120 "$G/dflash" synth-drafter "$D" --preset qwen38-27b --target "$F" >/dev/null 2>&1
+  IFS=';' read -r -a SETS <<<"$ENVAB"
+  for i in $(seq 1 "$AB_RUNS"); do
+    for E in "" "${SETS[@]}"; do
+      echo "== env: ${E:-(defaults)}"
+      env $E timeout 150 "$G/bench_cuda_ops" --model "$F" --drafter "$D" --model-only 2>&1 |
+        grep -E "^decode|^verify|^draft step|rror"
+      [ $ENVAB_PP = 1 ] && env $E timeout 150 "$G/dflash" bench --device cuda -m "$F" -p 512 -n 8 -r 3 --no-spec \
+        2>/dev/null | grep pp512
+    done
+  done | tee "$OUT/env_ab.txt"
 fi
 
 echo "================ summary"

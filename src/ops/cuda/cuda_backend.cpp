@@ -83,6 +83,9 @@ class CudaBackend final : public Backend {
     sigmoid_chain_ = env_flag("DFLASH_CUDA_CHAIN_SIGMOID", true);
     // matmul_prefill_group as one tensor-core launch; =0: one launch per weight.
     prefill_group_ = env_flag("DFLASH_CUDA_PREFILL_GROUP", true);
+    // prefill products of small dense weights (GDN alpha, beta) on gemm_small_n; =0: the GEMV tiles.
+    small_n_ = env_flag("DFLASH_CUDA_SMALL_N", true);
+    skip_ = parse_skip();
   }
 
   ~CudaBackend() override {
@@ -236,6 +239,7 @@ class CudaBackend final : public Backend {
   // ---- linear algebra ---------------------------------------------------------------------------
   void matmul(const WeightRef& w, const float* x, float* y, int64_t M) override {
     const cuda::DevWeight dw = dev_weight(w, "matmul");
+    if (skipped_matmul(&dw, 1)) return;
     run_matmul(dw, x, y, M);
     after("matmul");
   }
@@ -254,6 +258,11 @@ class CudaBackend final : public Backend {
       one_launch = mma && dws[i].layout == dws[0].layout && dws[i].in == dws[0].in;
       ws[i] = &dws[i];
       ys[i] = outs[i].y;
+    }
+    if (skip_ & (kSkipMatmul | kSkipStream)) {
+      for (size_t i = 0; i < outs.size(); ++i) dws[i] = dev_weight(*outs[i].w, "matmul_group");
+      skipped_matmul(dws, static_cast<int>(outs.size()));
+      return;
     }
     if (!one_launch) {
       // Small block-layout weights of one type (GDN alpha | beta): one launch of the k-split kernel.
@@ -290,6 +299,7 @@ class CudaBackend final : public Backend {
   // few warps with long serial chains.
   void residual_norm_rotate(float* x, const float* res, const float* w, float* n, float* y, const Rotation& rot,
                             int64_t rows, int64_t dim, float eps) override {
+    if (skipped_chain()) return;
     if (use_chain(rot, rows) && cuda::chain_supported(dim, rot.block, true)) {
       // one kernel: (residual +) norm, rotation, and the next integer matmul's quantization of its input
       // (y, or n without rotation)
@@ -311,6 +321,7 @@ class CudaBackend final : public Backend {
   }
   void swiglu_rotate(const float* gate, const float* up, float* y, const Rotation& rot, int64_t rows,
                      int64_t dim) override {
+    if (skipped_chain()) return;
     if (use_chain(rot, rows) && cuda::chain_supported(dim, rot.block, false)) {
       run_chain(y, rows, dim, "swiglu_rotate", [&](void* xq) {
         cuda::launch_swiglu_rotate_quantize(gate, up, rot.signs, y, xq, rows, dim, rot.block > 0, stream_);
@@ -321,6 +332,7 @@ class CudaBackend final : public Backend {
   }
   void sigmoid_gate_rotate(const float* x, const float* gate, float* y, const Rotation& rot, int64_t rows,
                            int64_t dim) override {
+    if (skipped_chain()) return;
     const auto xb = reinterpret_cast<uintptr_t>(x), yb = reinterpret_cast<uintptr_t>(y);
     const size_t bytes = sizeof(float) * rows * dim;
     const bool overlap = xb != yb && xb < yb + bytes && yb < xb + bytes;  // in place is fine (elementwise load first)
@@ -334,6 +346,7 @@ class CudaBackend final : public Backend {
   }
   void gated_norm_rotate(const float* x, const float* w, const float* z, float* y, const Rotation& rot, int64_t rows,
                          int64_t dim, int64_t head_dim, float eps) override {
+    if (skipped_chain()) return;
     const auto xb = reinterpret_cast<uintptr_t>(x), yb = reinterpret_cast<uintptr_t>(y);
     const size_t bytes = sizeof(float) * rows * dim;
     const bool overlap = xb < yb + bytes && yb < xb + bytes;
@@ -372,8 +385,9 @@ class CudaBackend final : public Backend {
   }
   void matmul_prefill(const WeightRef& w, const float* x, float* y, int64_t M) override {
     const cuda::DevWeight dw = dev_weight(w, "matmul_prefill");
-    if (M >= cuda::kMatmulPrefillMinRows && (cuda::launch_matmul_prefill(dw, x, y, M, stream_) ||
-                                              cuda::launch_matmul_small_n(dw, x, y, M, num_sms_, stream_)))
+    if (M >= cuda::kMatmulPrefillMinRows &&
+        (cuda::launch_matmul_prefill(dw, x, y, M, stream_) ||
+         (small_n_ && cuda::launch_matmul_small_n(dw, x, y, M, num_sms_, stream_))))
       note_write(y, sizeof(float) * M * dw.out);
     else
       run_matmul(dw, x, y, M);
@@ -510,6 +524,7 @@ class CudaBackend final : public Backend {
     after("rope_neox");
   }
   void attention_prep(const AttentionPrep& p) override {
+    if (skip_ & kSkipAttention) return;
     const bool fits = p.head_dim > 0 && p.head_dim <= cuda::kAttentionPrepMaxHeadDim && p.n_rot > 0 &&
                       p.n_rot % 2 == 0 && p.n_rot <= p.head_dim && p.n_head_kv > 0 && p.n_head >= 0 &&
                       p.n_head + p.n_head_kv < 65535 && (p.n_head == 0 || (p.q && p.qg));
@@ -531,7 +546,7 @@ class CudaBackend final : public Backend {
     DFLASH_CHECK(head_dim > 0 && head_dim <= cuda::kAttentionMaxHeadDim, "cuda attention: head_dim {} outside 1..{}",
                  head_dim, cuda::kAttentionMaxHeadDim);
     DFLASH_CHECK(n_heads <= 65535, "cuda attention: {} heads", n_heads);
-    if (M <= 0) return;
+    if (M <= 0 || (skip_ & kSkipAttention)) return;
     for_row_slices(M, [&](int64_t r0, int64_t nr) {
       float* part = static_cast<float*>(
           scratch(kScratchAttention, sizeof(float) * cuda::attention_scratch_floats(nr, n_heads, head_dim)));
@@ -567,6 +582,7 @@ class CudaBackend final : public Backend {
   }
   void gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C, int64_t K) override {
     DFLASH_CHECK(K >= 1 && K <= 16, "cuda gdn_conv: kernel size {} outside 1..16", K);
+    if (skip_ & kSkipGdn) return;
     cuda::launch_gdn_conv(x, state, w, y, M, C, K, stream_);
     after("gdn_conv");
   }
@@ -578,6 +594,7 @@ class CudaBackend final : public Backend {
   void gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
                      float* out, float* snapshots, int64_t M, const GdnShape& s) override {
     check_gdn(s, "gdn_recurrent");
+    if (skip_ & kSkipGdn) return;
     cuda::launch_gdn_recurrent(q, k, v, g, beta, state, out, snapshots, M, s.n_k_heads, s.n_v_heads, s.head_k,
                                s.head_v, stream_);
     after("gdn_recurrent");
@@ -585,6 +602,7 @@ class CudaBackend final : public Backend {
   void gdn_prepare_recurrent(const GdnRawInputs& in, float* state, float* out, const GdnPrepared* prepared,
                              int64_t M, const GdnShape& s) override {
     check_gdn(s, "gdn_prepare_recurrent");
+    if (skip_ & kSkipGdn) return;
     const int64_t nqk = s.n_k_heads * s.head_k, nv = s.n_v_heads * s.head_v;
     DFLASH_CHECK(in.q_stride >= nqk && in.k_stride >= nqk && in.v_stride >= nv,
                  "cuda gdn_prepare_recurrent: row strides q {} k {} v {} below the row widths {} / {}", in.q_stride,
@@ -695,6 +713,7 @@ class CudaBackend final : public Backend {
     kScratchMatmulXq,
     kScratchBench,
     kScratchSelector,
+    kScratchSink,
     kNumScratch
   };
   struct ScratchBuf {
@@ -791,6 +810,57 @@ class CudaBackend final : public Backend {
     for (int64_t r0 = 0; r0 < rows; r0 += kSlice) f(r0, std::min(kSlice, rows - r0));
   }
 
+  // Diagnostics, never for results: DFLASH_CUDA_SKIP=matmul,chain,attention,gdn (any of them) leaves
+  // those ops out (their outputs keep whatever the buffers held), =stream replaces each decode / verify
+  // matmul (and group) by a bare read of its weights' bytes, =chainbody each chain by an empty kernel. Timing the step graphs with one class left
+  // out places that class's share of the real, overlapped step, which ncu (kernels run alone) cannot.
+  enum : unsigned { kSkipMatmul = 1, kSkipStream = 2, kSkipChain = 4, kSkipAttention = 8, kSkipGdn = 16,
+                    kSkipChainBody = 32 };
+  static unsigned parse_skip() {
+    const char* v = std::getenv("DFLASH_CUDA_SKIP");
+    if (!v) return 0;
+    unsigned m = 0;
+    std::string_view s(v);
+    while (!s.empty()) {
+      const size_t c = s.find(',');
+      const std::string_view t = s.substr(0, c);
+      if (t == "matmul") m |= kSkipMatmul;
+      else if (t == "stream") m |= kSkipStream;
+      else if (t == "chain") m |= kSkipChain;
+      else if (t == "attention") m |= kSkipAttention;
+      else if (t == "gdn") m |= kSkipGdn;
+      else if (t == "chainbody") m |= kSkipChainBody;
+      else if (!t.empty()) fail("DFLASH_CUDA_SKIP: unknown class '{}' (matmul, stream, chain, chainbody, attention, gdn)", t);
+      s = c == std::string_view::npos ? std::string_view() : s.substr(c + 1);
+    }
+    if (m) fmt::print(stderr, "warning: DFLASH_CUDA_SKIP={} (a timing diagnostic: results are wrong)\n", v);
+    return m;
+  }
+  // True when the chain is left out (chain) or replaced by an empty kernel (chainbody: the cost of one
+  // more kernel boundary in the step).
+  bool skipped_chain() {
+    if (skip_ & kSkipChainBody) cuda::launch_empty(stream_);
+    return skip_ & (kSkipChain | kSkipChainBody);
+  }
+  // True when the matmul of these weights is left out or replaced by a read of their bytes.
+  bool skipped_matmul(const cuda::DevWeight* dws, int n) {
+    if (!(skip_ & (kSkipMatmul | kSkipStream))) return false;
+    if (skip_ & kSkipStream) {
+      const void* src[4];
+      size_t n16[4];
+      int k = 0;
+      for (int i = 0; i < n && k < 4; ++i, ++k) {
+        auto it = weight_bytes_.find(dws[i].data);
+        src[k] = dws[i].data;
+        n16[k] = (it == weight_bytes_.end() ? 0 : it->second) / 16;
+      }
+      auto* sink = static_cast<unsigned*>(scratch(kScratchSink, sizeof(unsigned) * 4096));
+      cuda::launch_stream_weights(src, n16, k, sink, stream_);
+    }
+    after("matmul");
+    return true;
+  }
+
   static bool env_flag(const char* name, bool dflt) {
     const char* v = std::getenv(name);
     if (v == nullptr || *v == '\0') return dflt;
@@ -832,6 +902,8 @@ class CudaBackend final : public Backend {
   bool prefill_xq_ = false;
   bool sigmoid_chain_ = true;
   bool prefill_group_ = true;
+  bool small_n_ = true;
+  unsigned skip_ = 0;
   bool capturing_ = false;
 };
 

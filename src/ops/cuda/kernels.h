@@ -242,5 +242,11 @@ void launch_selector_walk(const float* pred, const float* succ, const int32_t* c
 // ---- diagnostics (bench.cu) -----------------------------------------------------------------------------
 // Reads n16 16-byte words of src, writes one checksum word per block into sink (grid-stride).
 void launch_read_kernel(const void* src, size_t n16, unsigned* sink, cudaStream_t s);
+// DFLASH_CUDA_SKIP=stream: a matmul replaced by a plain read of its weights' bytes (up to 4 ranges of
+// n16[i] 16-byte words), launched with programmatic dependent launch like the matmuls: the time a step
+// would take if every matmul streamed its weights at the speed of a bare read kernel.
+void launch_stream_weights(const void* const* src, const size_t* n16, int n, unsigned* sink, cudaStream_t s);
+// DFLASH_CUDA_SKIP=chainbody: an empty one-warp kernel (PDL wait and trigger only) in place of each chain.
+void launch_empty(cudaStream_t s);
 
 }  // namespace dflash::cuda
