@@ -6,17 +6,20 @@
 //
 // Why: at decode one row gives the separate kernels (norm, rotation, quantize) a few warps each and
 // three round trips of launch latency per matmul input; an earlier fusion into one CTA per row was
-// slower (one CTA's serial chain). Here one CTA of 256 threads owns one 1024-chunk of one row:
+// slower (one CTA's serial chain). Here one CTA of 256 threads owns one 1024-chunk of one row, thread t
+// its elements 4t .. 4t + 3:
 //   norm mode: the chunks of a row form a thread-block cluster (dim / 1024 <= 8 CTAs); each CTA sums
-//     its chunk's squares (thread t: elements t, t + 256, t + 512, t + 768 by fma in that order, then
-//     the warp butterfly and the 8 warp sums in a fixed tree), the cluster adds the chunk sums in
-//     chunk order through distributed shared memory, and every CTA normalises its own chunk;
-//   swiglu mode: no cluster (elementwise).
-// Then, per chunk, in shared memory: signs, the butterflies of prism::fwht (stage h = 1 .. 512,
-// (a, b) -> (a + b, a - b), lower index first) and the 1/32 scale: the rotation's bits are exactly
-// the hadamard op's. Warp w then quantizes the chunk's 128-block w as quantize_x24_kernel does (the
-// same exponent, rounding and digit split): byte for byte the same records.
-// Nothing depends on the number of rows: a row's bits are the same alone or in a verify block.
+//     its chunk's squares (thread t: its 4 elements by fma in order, then the warp butterfly and the 8
+//     warp sums in a fixed tree), the cluster adds the chunk sums in chunk order through distributed
+//     shared memory, and every CTA normalises its own chunk;
+//   swiglu / sigmoid-gate modes: no cluster (elementwise); gated norm: per head, inside the CTA.
+// Then the signs, the butterflies of prism::fwht (stage h = 1 .. 512, (a, b) -> (a + b, a - b), lower
+// index first; in registers, across lanes, then across warps through shared memory) and the 1/32
+// scale: the rotation's bits are exactly the hadamard op's. Warp w then quantizes the chunk's 128-block
+// w as quantize_x24_kernel does (the same exponent, rounding and digit split): byte for byte the same
+// records. Nothing depends on the number of rows: a row's bits are the same alone or in a verify block.
+// Measured on the H200 (S7-2, 27B decode step): each chain kernel cost ~3 us of body on top of one more
+// kernel boundary (~1.4 us) with the earlier layout (strided elements, 10 shared-memory stages).
 #include <cooperative_groups.h>
 
 #include "ops/cuda/common.cuh"
@@ -29,7 +32,6 @@ namespace cg = cooperative_groups;
 
 constexpr int kChunk = 1024;   // rotation block this kernel handles
 constexpr int kThreads = 256;  // 8 warps: one 128-element quantization block each
-constexpr int kPer = kChunk / kThreads;
 constexpr int kXqRecord = 384;  // 3 digit planes of 128 bytes (matmul_ternary.cu)
 
 struct ChainArgs {
@@ -52,63 +54,102 @@ struct ChainArgs {
   float eps;
 };
 
+// 4 consecutive floats (one 16-byte load when p is aligned; p's alignment is the same in every thread
+// of a launch, so the branch is uniform).
+__device__ __forceinline__ void ld4(const float* p, float (&v)[4]) {
+  if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+  } else {
+    v[0] = p[0], v[1] = p[1], v[2] = p[2], v[3] = p[3];
+  }
+}
+__device__ __forceinline__ void st4(float* p, const float (&v)[4]) {
+  if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+    p[0] = v[0], p[1] = v[1], p[2] = v[2], p[3] = v[3];
+  }
+}
+// One butterfly of prism::fwht: (a, b) -> (a + b, a - b), a the lower index.
+__device__ __forceinline__ void butterfly(float& a, float& b) {
+  const float u = a;
+  a = __fadd_rn(u, b);
+  b = __fsub_rn(u, b);
+}
+
 // kMode 0: (residual +) RMS norm over the row; 1: SwiGLU; 2: RMS norm per head gated by silu(z)
 // (rms_norm_gated), the rotation's gather applied while loading (heads move whole, so a chunk holds
 // whole heads and each CTA normalises its own); 3: gx * sigmoid(z) (the gated attention output).
+//
+// Thread tid holds elements 4 tid .. 4 tid + 3 of its chunk, so warp w holds the quantization block w
+// from the first load to the records. The rotation's 10 butterfly stages run where the partners are:
+// stages h = 1, 2 in registers, h = 4 .. 64 across the lanes (shuffles), h = 128 .. 512 across the
+// warps (one pass through shared memory: thread c < 128 takes elements c + 128 k, k = 0..7). Each stage
+// completes before the next and every butterfly is prism::fwht's, so the bits are the hadamard op's.
+// The constants (norm weight, signs, the gather) are read before the wait: they depend on no kernel of
+// the step, so their latency hides behind the previous kernel.
 template <int kMode>
 __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
-  pdl_wait(gridDim.y == 1);
   __shared__ __align__(16) float buf[kChunk];
   __shared__ float wsum[kThreads / 32];
   __shared__ float chunk_ss;
-  __shared__ float head_inv[kChunk / 32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int chunk = blockIdx.x;
   const int64_t r = blockIdx.y;
   const int64_t c0 = static_cast<int64_t>(chunk) * kChunk;
   const int64_t base = r * a.dim + c0;
-  float v[kPer];
+  const int i0 = 4 * tid;  // this thread's first element in the chunk
+  float sg[4] = {1.0f, 1.0f, 1.0f, 1.0f}, wv[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  int64_t src[4] = {};
+  if (a.rotate && a.signs) ld4(a.signs + c0 + i0, sg);
+  if constexpr (kMode == 0) {
+    if (a.w) ld4(a.w + c0 + i0, wv);
+  } else if constexpr (kMode == 2) {
+    ld4(a.w + i0 % a.head_dim, wv);  // head_dim is a multiple of 32: the 4 elements share a head
+#pragma unroll
+    for (int k = 0; k < 4; ++k) src[k] = r * a.dim + (a.perm ? a.perm[c0 + i0 + k] : c0 + i0 + k);
+  }
+  pdl_wait(gridDim.y == 1);
+  float v[4];
   if constexpr (kMode == 2) {
-    // Load (gathered), squares into buf, per head: warp w sums heads w, w + 8, ... (lane: elements
-    // lane, lane + 32, ... of the head in order, then the butterfly), then each element is normed.
-    const int hd = static_cast<int>(a.head_dim), nh = kChunk / hd;
-    int64_t src[kPer];
+    // rms_norm_gated per head: the head's hd / 4 threads are consecutive lanes (hd <= 128: a butterfly
+    // over them) or whole warps (hd > 128: warp sums, then the head's warps in order).
+    const int hd = static_cast<int>(a.head_dim), lanes = hd / 4;
+    float ss = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = tid + kThreads * j;
-      src[j] = r * a.dim + (a.perm ? a.perm[c0 + i] : c0 + i);
-      v[j] = a.gx[src[j]];
-      buf[i] = v[j] * v[j];
+    for (int k = 0; k < 4; ++k) {
+      v[k] = a.gx[src[k]];
+      ss = fmaf(v[k], v[k], ss);
     }
-    __syncthreads();
-    for (int h = warp; h < nh; h += kThreads / 32) {
-      float ss = 0.0f;
-      for (int e = lane; e < hd; e += 32) ss += buf[h * hd + e];
+    if (lanes <= 32) {
+      for (int o = lanes / 2; o >= 1; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    } else {
       ss = warp_sum(ss);
-      if (lane == 0) head_inv[h] = 1.0f / sqrtf(ss / static_cast<float>(hd) + a.eps);
+      if (lane == 0) wsum[warp] = ss;
+      __syncthreads();
+      const int per = lanes / 32, h0 = (warp / per) * per;
+      ss = wsum[h0];
+      for (int w = 1; w < per; ++w) ss += wsum[h0 + w];
     }
-    __syncthreads();
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(hd) + a.eps);
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = tid + kThreads * j;
-      const float q = v[j] * head_inv[i / hd];
-      v[j] = q * a.w[i % hd] * silu_f(a.z[src[j]]);
+    for (int k = 0; k < 4; ++k) {
+      const float q = v[k] * inv;
+      v[k] = q * wv[k] * silu_f(a.z[src[k]]);
     }
-    __syncthreads();  // buf is reused below
   } else if constexpr (kMode == 0) {
+    ld4(a.x + base + i0, v);
+    if (a.res) {
+      float rv[4];
+      ld4(a.res + base + i0, rv);
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = tid + kThreads * j;
-      float xi = a.x[base + i];
-      if (a.res) {
-        xi = xi + a.res[base + i];
-        a.x[base + i] = xi;
-      }
-      v[j] = xi;
+      for (int k = 0; k < 4; ++k) v[k] = v[k] + rv[k];
+      st4(a.x + base + i0, v);
     }
     float ss = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) ss = fmaf(v[j], v[j], ss);
+    for (int k = 0; k < 4; ++k) ss = fmaf(v[k], v[k], ss);
     ss = warp_sum(ss);
     if (lane == 0) wsum[warp] = ss;
     __syncthreads();
@@ -120,48 +161,63 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
     cluster.sync();  // no CTA leaves (or reuses chunk_ss) while another still reads it
     const float inv = 1.0f / sqrtf(tot / static_cast<float>(a.dim) + a.eps);
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = tid + kThreads * j;
-      const float q = v[j] * inv;
-      v[j] = a.w ? q * a.w[c0 + i] : q;
-      a.n[base + i] = v[j];
+    for (int k = 0; k < 4; ++k) {
+      const float q = v[k] * inv;
+      v[k] = a.w ? q * wv[k] : q;
     }
+    st4(a.n + base + i0, v);
   } else if constexpr (kMode == 1) {
+    float g[4], u[4];
+    ld4(a.gate + base + i0, g);
+    ld4(a.up + base + i0, u);
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = tid + kThreads * j;
-      v[j] = silu_f(a.gate[base + i]) * a.up[base + i];
-    }
+    for (int k = 0; k < 4; ++k) v[k] = silu_f(g[k]) * u[k];
   } else {  // kMode 3: the gated attention output, as mul_sigmoid_kernel
+    float x[4], z[4];
+    ld4(a.gx + base + i0, x);
+    ld4(a.z + base + i0, z);
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = tid + kThreads * j;
-      v[j] = a.gx[base + i] * sigmoid_f(a.z[base + i]);
+    for (int k = 0; k < 4; ++k) v[k] = x[k] * sigmoid_f(z[k]);
+  }
+  if (a.rotate) {
+    if (a.signs)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = __fmul_rn(sg[k], v[k]);
+    butterfly(v[0], v[1]);  // h = 1
+    butterfly(v[2], v[3]);
+    butterfly(v[0], v[2]);  // h = 2
+    butterfly(v[1], v[3]);
+#pragma unroll
+    for (int m = 1; m < 32; m <<= 1) {  // h = 4 m: the partner is lane ^ m
+      const bool upper = lane & m;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float p = __shfl_xor_sync(0xffffffffu, v[k], m);
+        v[k] = upper ? __fsub_rn(p, v[k]) : __fadd_rn(v[k], p);
+      }
     }
-  }
+    st4(buf + i0, v);
+    __syncthreads();
+    if (tid < kChunk / 8) {  // h = 128, 256, 512: elements tid + 128 k
+      float u[8];
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = tid + kThreads * j;
-    buf[i] = a.rotate && a.signs ? __fmul_rn(a.signs[c0 + i], v[j]) : v[j];
-  }
-  __syncthreads();
-  for (int h = 1; a.rotate && h < kChunk; h <<= 1) {
+      for (int k = 0; k < 8; ++k) u[k] = buf[tid + 128 * k];
 #pragma unroll
-    for (int k = 0; k < kChunk / 2 / kThreads; ++k) {
-      const int p = tid + kThreads * k;
-      const int i = (p / h) * 2 * h + (p % h);
-      const float u = buf[i], t = buf[i + h];
-      buf[i] = __fadd_rn(u, t);
-      buf[i + h] = __fsub_rn(u, t);
+      for (int h = 1; h < 8; h <<= 1)
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+          if (!(k & h)) butterfly(u[k], u[k + h]);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) buf[tid + 128 * k] = u[k];
     }
     __syncthreads();
+    ld4(buf + i0, v);
   }
   // Warp w: quantization block w (elements 128 w .. 128 w + 127 of the chunk), lane L elements 4L .. 4L+3.
-  const float4 q4 = reinterpret_cast<const float4*>(buf + 128 * warp)[lane];
   constexpr float kScale = 0.03125f;  // 1 / sqrt(1024), exact
   const float sc = a.rotate ? kScale : 1.0f;  // x 1 is exact: without rotation the values as they are
-  const float e4[4] = {__fmul_rn(q4.x, sc), __fmul_rn(q4.y, sc), __fmul_rn(q4.z, sc), __fmul_rn(q4.w, sc)};
-  if (a.y) reinterpret_cast<float4*>(a.y + base + 128 * warp)[lane] = make_float4(e4[0], e4[1], e4[2], e4[3]);
+  float e4[4] = {__fmul_rn(v[0], sc), __fmul_rn(v[1], sc), __fmul_rn(v[2], sc), __fmul_rn(v[3], sc)};
+  if (a.y) st4(a.y + base + i0, e4);
   if (!a.xq) return;  // prefill: the next matmul is the bf16 tensor-core GEMM, which reads y itself
   float amax = fmaxf(fmaxf(fabsf(e4[0]), fabsf(e4[1])), fmaxf(fabsf(e4[2]), fabsf(e4[3])));
   amax = warp_max(amax);

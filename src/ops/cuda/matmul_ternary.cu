@@ -94,8 +94,14 @@ __global__ void to_ternary_mma_kernel(const uint8_t* __restrict__ src, uint32_t*
 // The format: 512 bytes of codes and 32 of scales per tile and block of 128.
 struct TernaryFmt {
   static constexpr int kCodeBytes = 512, kScaleBytes = 32;
-  static constexpr int kMinBlocks = 4, kWave = 3;  // 4 CTAs fit per SM (41 KB decode, 43 KB verify rings)
-  static constexpr int kStagesNarrow = 4, kStagesWide = 2;
+  static constexpr int kMinBlocks = 4, kWave = 3;  // 3-4 CTAs fit per SM (41 KB decode, 64 KB verify rings)
+  // (5 CTAs per SM at one row, 96 registers, so that FFN gate | up's 544 CTAs fit one wave: decode
+  // 4.97 -> 5.33 ms and every matmul alone slower, S7-4; not kept.)
+  // Ring depth (H200, 27B PTQ1_0 in the model, S7-3): at one row 6 and 8 stages were faster alone
+  // (ffn_up 15.8 -> 13.0 us at 6) but slower in the decode step (6.05 -> 6.2 ms: bigger rings leave no
+  // room for the next kernel's early CTAs); at 8 rows 3 stages made the verify step faster (S7-4, A/B on
+  // one machine with DFLASH_CUDA_WIDE_STAGES_ALT=1: 9.15, 9.07 vs 9.63, 9.39 ms).
+  static constexpr int kStagesNarrow = 4, kStagesWide = 3, kStagesWideAlt = 2;
 
   // One staged block for the CTA's tiles: acc[i][jj] += d 2^(E-16) * v for the lane's owned (weight
   // row, activation row) pairs (d2d3 rows g, g + 8 x d0d1 columns 2t, 2t + 1). Straight-line code over

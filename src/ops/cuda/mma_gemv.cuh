@@ -35,7 +35,8 @@
 //                            scales [tiles][nblk][kScaleBytes]
 //   kMinBlocks               CTAs per SM for __launch_bounds__ (caps the registers)
 //   kWave                    CTAs per SM the k split aims at (one wave; what its shared-memory ring allows)
-//   kStagesNarrow, kStagesWide   ring depth up to 4 activation rows, and beyond
+//   kStagesNarrow, kStagesWide   ring depth up to 4 activation rows, and beyond (kStagesWideAlt: another
+//                            depth for 5-8 rows, chosen at run time by DFLASH_CUDA_WIDE_STAGES_ALT=1)
 //   block_compute<R>(stage, mc, g, t, lc, acc)   one staged block: acc[i][jj] += the block's part of
 //                            (weight row g / g + 8 of tile i) x (activation row 2t / 2t + 1), jj as D.
 #pragma once
@@ -398,6 +399,16 @@ inline int mma_ctas_per_sm(int format_default) {
   return v ? v : format_default;
 }
 
+// DFLASH_CUDA_WIDE_STAGES_ALT=1: the format's alternative ring depth for 5-8 activation rows
+// (kStagesWideAlt; scheduling only, the bits are the same), for comparison.
+inline bool mma_wide_alt() {
+  static const bool v = [] {
+    const char* e = std::getenv("DFLASH_CUDA_WIDE_STAGES_ALT");
+    return e != nullptr && *e != '\0' && *e != '0';
+  }();
+  return v;
+}
+
 inline int mma_splits_for(int64_t ctas, int64_t in, int num_sms, int ctas_per_sm) {
   const int64_t nblk = in / 128;
   // As many CTAs as fit in one wave: a GEMV needs warps for bytes in flight, and a second wave would
@@ -436,7 +447,7 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
   }
   a.ks = mma_splits_for(gx, in, num_sms, mma_ctas_per_sm(F::kWave));
   for (int z = 0; z <= a.ks; ++z) a.kb[z] = static_cast<int>(static_cast<int64_t>(a.nblk) * z / a.ks);
-  constexpr int SN = F::kStagesNarrow, SW = F::kStagesWide;
+  constexpr int SN = F::kStagesNarrow, SW = F::kStagesWide, SW2 = F::kStagesWideAlt;
   static bool attr_set = false;
   if (!attr_set) {  // rings above the 48 KB default; the largest shared-memory carveout
     const auto setup = [](auto kernel, int bytes) {
@@ -446,6 +457,7 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
     setup(mm_mma_kernel<F, SN, 2>, kWarpsPerCta * SN * stage_bytes<F>(2));
     setup(mm_mma_kernel<F, SN, 4>, kWarpsPerCta * SN * stage_bytes<F>(4));
     setup(mm_mma_kernel<F, SW, 8>, kWarpsPerCta * SW * stage_bytes<F>(kCols));
+    if constexpr (SW2 != SW) setup(mm_mma_kernel<F, SW2, 8>, kWarpsPerCta * SW2 * stage_bytes<F>(kCols));
     attr_set = true;
   }
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRowsPerLaunch) {
@@ -469,6 +481,9 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
                       pdl_enabled(), a);
     else if (mc <= 4)
       (void)launch_ex(mm_mma_kernel<F, SN, 4>, grid, block, kWarpsPerCta * SN * stage_bytes<F>(mc), s, cluster,
+                      pdl_enabled(), a);
+    else if (SW2 != SW && mma_wide_alt())
+      (void)launch_ex(mm_mma_kernel<F, SW2, 8>, grid, block, kWarpsPerCta * SW2 * stage_bytes<F>(mc), s, cluster,
                       pdl_enabled(), a);
     else
       (void)launch_ex(mm_mma_kernel<F, SW, 8>, grid, block, kWarpsPerCta * SW * stage_bytes<F>(mc), s, cluster,
