@@ -121,6 +121,13 @@ __device__ __forceinline__ void pdl_wait(bool trigger = true) {
   if (trigger) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+// Asks L2 for the 128-byte line holding p (no register, no wait). Kernels issue it before pdl_wait() for
+// the constants they read late (norm weights): the weights of a decode step stream through L2, so a
+// small weight read after the wait would otherwise pay a DRAM round trip on the step's critical path.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
 bool pdl_enabled();  // cuda_backend.cpp (reads DFLASH_CUDA_PDL once)
 
 // A kernel launch with programmatic dependent launch when `pdl` (the attribute is left out otherwise)

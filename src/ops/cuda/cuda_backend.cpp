@@ -83,8 +83,6 @@ class CudaBackend final : public Backend {
     sigmoid_chain_ = env_flag("DFLASH_CUDA_CHAIN_SIGMOID", true);
     // matmul_prefill_group as one tensor-core launch; =0: one launch per weight.
     prefill_group_ = env_flag("DFLASH_CUDA_PREFILL_GROUP", true);
-    // prefill products of small dense weights (GDN alpha, beta) on gemm_small_n; =0: the GEMV tiles.
-    small_n_ = env_flag("DFLASH_CUDA_SMALL_N", true);
     skip_ = parse_skip();
   }
 
@@ -385,9 +383,10 @@ class CudaBackend final : public Backend {
   }
   void matmul_prefill(const WeightRef& w, const float* x, float* y, int64_t M) override {
     const cuda::DevWeight dw = dev_weight(w, "matmul_prefill");
-    if (M >= cuda::kMatmulPrefillMinRows &&
-        (cuda::launch_matmul_prefill(dw, x, y, M, stream_) ||
-         (small_n_ && cuda::launch_matmul_small_n(dw, x, y, M, num_sms_, stream_))))
+    // Small dense weights (GDN alpha, beta) stay on the GEMV tiles: two shared-memory tile kernels for
+    // them (one per weight, then alpha | beta in one launch) were slower at 512 rows (pp512 5073 vs 5122,
+    // then 5383 vs 5419 tok/s, H200, S7-1 / S7-5), and were removed.
+    if (M >= cuda::kMatmulPrefillMinRows && cuda::launch_matmul_prefill(dw, x, y, M, stream_))
       note_write(y, sizeof(float) * M * dw.out);
     else
       run_matmul(dw, x, y, M);
@@ -902,7 +901,6 @@ class CudaBackend final : public Backend {
   bool prefill_xq_ = false;
   bool sigmoid_chain_ = true;
   bool prefill_group_ = true;
-  bool small_n_ = true;
   unsigned skip_ = 0;
   bool capturing_ = false;
 };

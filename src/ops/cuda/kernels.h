@@ -65,9 +65,6 @@ bool launch_matmul_prefill(const DevWeight& w, const float* x, float* y, int64_t
 // tiles fill the same waves). Returns false when any of them has no kernel (nothing is launched then).
 bool launch_matmul_prefill_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
                                  cudaStream_t s);
-// Prefill product of a small dense weight (F32, F16, BF16 rows, out <= 128, in % 64 == 0: GDN's alpha and
-// beta): shared-memory tiles, fp32 sums in another order than the GEMV's. False when it does not apply.
-bool launch_matmul_small_n(const DevWeight& w, const float* x, float* y, int64_t M, int num_sms, cudaStream_t s);
 // y[M, in] = dequantized rows ids[M] (ids checked on the device: an id outside [0, out) writes NaN).
 void launch_get_rows(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s);
 // PTQ1_0 blocks (28 B / 128) -> planar 2-bit codes + scales, on the device. src: out rows of in/128 blocks.

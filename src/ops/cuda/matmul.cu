@@ -768,110 +768,6 @@ void run_split_group(const DevWeight* const* ws, float* const* ys, int n, const 
   }
 }
 
-// ---- prefill product of small dense weights (GDN's alpha and beta: 5120 -> 48, bf16) ---------------
-// The GEMV tiles read the activations once per 8 rows and per few weight rows: at a 512-row prefill
-// chunk that is the whole x from L2 once per CTA column (44 us per call on the H200). Here a CTA
-// computes a 32-row x 64-output tile over a k-range from shared-memory tiles of 64 inputs (every x
-// element read once per 64 outputs; the next tile's loads in flight while one is multiplied), fp32
-// products and sums (the weights dequantized as load_w8 does); a k split of ks CTAs forms a
-// thread-block cluster whose rank 0 adds the partial tiles in rank order (a fixed order: no float
-// atomics). Prefill only: its sums go in another order than the GEMV's. (A first version with 32-input
-// tiles and no prefetch took 61 us per call under ncu at 512 x 5120 -> 48: latency-bound.)
-constexpr int kSnBM = 32, kSnBN = 64, kSnBK = 64, kSnThreads = 256;
-
-template <int T>
-__global__ void __launch_bounds__(kSnThreads) gemm_small_n_kernel(const uint8_t* __restrict__ W, size_t row_stride,
-                                                                  int64_t K, int64_t N, const float* __restrict__ x,
-                                                                  float* __restrict__ y, int64_t M, int kt_per_split) {
-  __shared__ __align__(16) float xs[kSnBK][kSnBM + 4];  // [k][row]
-  __shared__ __align__(16) float ws[kSnBK][kSnBN + 4];  // [k][output]
-  __shared__ float part[kSnBM * kSnBN];                 // this CTA's partial tile (k split)
-  const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;  // rows 2 ty, 2 ty + 1; outputs tx + 16 j
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kSnBM, n0 = static_cast<int64_t>(blockIdx.y) * kSnBN;
-  const int64_t kts = K / kSnBK;
-  const int64_t kt0 = static_cast<int64_t>(blockIdx.z) * kt_per_split;
-  const int64_t kt1 = kts < kt0 + kt_per_split ? kts : kt0 + kt_per_split;
-  // loaders, per k-tile: x row lr (inputs lk .. lk + 3 and 32 further), weight row wr (inputs wk .. wk + 7
-  // and 32 further); rows past the end re-read the last one (never stored)
-  const int lr = tid >> 3, lk = (tid & 7) * 4, wr = tid >> 2, wk = (tid & 3) * 8;
-  const float* xrow = x + (m0 + lr < M ? m0 + lr : M - 1) * K;
-  const uint8_t* wrow = W + (n0 + wr < N ? n0 + wr : N - 1) * row_stride;
-  float4 xv[2];
-  float wv[2][8];
-  auto load = [&](int64_t kt) {
-    const int64_t k0 = kt * kSnBK;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      xv[h] = *reinterpret_cast<const float4*>(xrow + k0 + 32 * h + lk);
-      load_w8<T>(wrow, k0 + 32 * h + wk, wv[h]);
-    }
-  };
-  float acc[2][4] = {};
-  pdl_wait();
-  if (kt0 < kt1) load(kt0);
-  for (int64_t kt = kt0; kt < kt1; ++kt) {
-    __syncthreads();  // the previous tiles are consumed
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int k = 32 * h + lk;
-      xs[k][lr] = xv[h].x, xs[k + 1][lr] = xv[h].y, xs[k + 2][lr] = xv[h].z, xs[k + 3][lr] = xv[h].w;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) ws[32 * h + wk + e][wr] = wv[h][e];
-    }
-    __syncthreads();
-    if (kt + 1 < kt1) load(kt + 1);  // in flight while this tile is multiplied
-#pragma unroll 16
-    for (int kk = 0; kk < kSnBK; ++kk) {
-      const float a0 = xs[kk][2 * ty], a1 = xs[kk][2 * ty + 1];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float b = ws[kk][tx + 16 * j];
-        acc[0][j] = fmaf(a0, b, acc[0][j]);
-        acc[1][j] = fmaf(a1, b, acc[1][j]);
-      }
-    }
-  }
-  if (gridDim.z > 1) {
-    cg::cluster_group cluster = cg::this_cluster();
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) part[(2 * ty + r) * kSnBN + tx + 16 * j] = acc[r][j];
-    cluster.sync();
-    if (cluster.block_rank() == 0)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int o = (2 * ty + r) * kSnBN + tx + 16 * j;
-          float v = acc[r][j];
-          for (unsigned z = 1; z < gridDim.z; ++z) v += cluster.map_shared_rank(part, z)[o];
-          acc[r][j] = v;
-        }
-    cluster.sync();  // the others stay until rank 0 has read their tiles
-    if (cluster.block_rank() != 0) return;
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t m = m0 + 2 * ty + r, o = n0 + tx + 16 * j;
-      if (m < M && o < N) y[m * N + o] = acc[r][j];
-    }
-}
-
-template <int T>
-void run_small_n(const DevWeight& w, const float* x, float* y, int64_t M, int num_sms, cudaStream_t s) {
-  const int64_t tiles = ceil_div_u(M, kSnBM) * ceil_div_u(w.out, kSnBN), kts = w.in / kSnBK;
-  // enough CTAs for the SMs, at most 8 (the portable cluster size), >= 2 k-tiles each
-  const int ks = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(num_sms / std::max<int64_t>(tiles, 1), kts / 2),
-                                                      1, 8));
-  const int per = static_cast<int>((kts + ks - 1) / ks);
-  const dim3 grid(ceil_div_u(M, kSnBM), ceil_div_u(w.out, kSnBN), static_cast<unsigned>(ks));
-  (void)launch_ex(gemm_small_n_kernel<T>, grid, dim3(kSnThreads), 0, s, dim3(1, 1, grid.z), pdl_enabled(), w.data,
-                  w.row_stride, w.in, w.out, x, y, M, per);
-}
-
 }  // namespace
 
 bool launch_matmul_split_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
@@ -888,19 +784,6 @@ bool launch_matmul_split_group(const DevWeight* const* ws, float* const* ys, int
     case kBF16: run_split_group<kBF16>(ws, ys, n, x, M, xvec, s); return true;
     case kQ8_0: run_split_group<kQ8_0>(ws, ys, n, x, M, xvec, s); return true;
     default: return false;  // the other types: one matmul each
-  }
-}
-
-bool launch_matmul_small_n(const DevWeight& w, const float* x, float* y, int64_t M, int num_sms, cudaStream_t s) {
-  if (M <= 0 || w.layout != Layout::kBlocks || w.out <= 0 || w.out > 128 || w.in % kSnBK != 0 ||
-      reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0 ||
-      w.row_stride % 16 != 0 || M > 65535 * int64_t{kSnBM})
-    return false;
-  switch (w.type) {
-    case kF32: run_small_n<kF32>(w, x, y, M, num_sms, s); return true;
-    case kF16: run_small_n<kF16>(w, x, y, M, num_sms, s); return true;
-    case kBF16: run_small_n<kBF16>(w, x, y, M, num_sms, s); return true;
-    default: return false;
   }
 }
 

@@ -94,6 +94,9 @@ __global__ void to_ternary_mma_kernel(const uint8_t* __restrict__ src, uint32_t*
 // The format: 512 bytes of codes and 32 of scales per tile and block of 128.
 struct TernaryFmt {
   static constexpr int kCodeBytes = 512, kScaleBytes = 32;
+  // 4 warps: 8 per CTA (2 CTAs per SM, half the blocks per warp) made attn_qkv 10.0 -> 8.4 us alone but
+  // the decode step 4.91 -> 5.28 ms and verify 9.1 -> 10.1 ms (S7-5).
+  static constexpr int kWarps = 4;
   static constexpr int kMinBlocks = 4, kWave = 3;  // 3-4 CTAs fit per SM (41 KB decode, 64 KB verify rings)
   // (5 CTAs per SM at one row, 96 registers, so that FFN gate | up's 544 CTAs fit one wave: decode
   // 4.97 -> 5.33 ms and every matmul alone slower, S7-4; not kept.)

@@ -20,8 +20,8 @@
 // own n-tiles, or through a shuffle from lane t + 1 or t + 2 of the quad), so the float steps of a row
 // are the same for every R and M.
 //
-// Work split: a CTA (4 warps) owns 4 tiles (64 weight rows) x 8 activation rows x a k-range; warp w
-// takes blocks b_lo + w, + 4, ... of it in order; the 4 warp sums are added in warp order; with a k
+// Work split: a CTA (F::kWarps warps) owns 4 tiles (64 weight rows) x 8 activation rows x a k-range;
+// warp w takes blocks b_lo + w, + kWarps, ... of it in order; the warp sums are added in warp order; with a k
 // split over CTAs (ks <= 8, a function of the weights' shapes and the GPU, never of M) the ks CTAs of a
 // (tile, rows) pair form one thread-block cluster, and CTA 0 of the cluster adds the ks partial sums in
 // split order, reading them from the others' shared memory (no global round trip, no atomics). A
@@ -33,6 +33,7 @@
 //   kCodeBytes, kScaleBytes  bytes of one 16-row tile's block of 128 inputs (multiples of 16; codes a
 //                            multiple of 512): the device layout is codes [tiles][nblk][kCodeBytes],
 //                            scales [tiles][nblk][kScaleBytes]
+//   kWarps                   warps per CTA (they split the CTA's k-range block by block)
 //   kMinBlocks               CTAs per SM for __launch_bounds__ (caps the registers)
 //   kWave                    CTAs per SM the k split aims at (one wave; what its shared-memory ring allows)
 //   kStagesNarrow, kStagesWide   ring depth up to 4 activation rows, and beyond (kStagesWideAlt: another
@@ -54,7 +55,6 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kTilesPerCta = 4;    // 16-row tiles per CTA (64 weight rows)
-constexpr int kWarpsPerCta = 4;    // warps per CTA, splitting the CTA's blocks
 constexpr int kCols = 8;           // activation rows per CTA (the n of the mma)
 constexpr int kXqBytes = 3 * 128;  // one (row, block) of quantized activations: 3 digit planes
 constexpr int kXqMeta = 16;        // and its S0, S1, S2, 2^(E-16)
@@ -159,7 +159,7 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Per-lane source pointers of block b_lo (advanced by kWarpsPerCta blocks per issue): the lane's
+// Per-lane source pointers of block b_lo (advanced by F::kWarps blocks per issue): the lane's
 // 16-byte pieces of the tiles' codes and of the CTA's scales.
 template <class F>
 struct BlockSrc {
@@ -264,7 +264,7 @@ __device__ __forceinline__ void gather_planes(const int (&d)[ColMap<R>::kNt][4],
 }
 
 template <class F, int kStages, int R>
-__global__ void __launch_bounds__(kWarpsPerCta * 32, F::kMinBlocks) mm_mma_kernel(const MmaArgs a) {
+__global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(const MmaArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   // This CTA's weight (part) and its first tile in that weight.
@@ -286,9 +286,9 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, F::kMinBlocks) mm_mma_kerne
 #pragma unroll
   for (int i = 0; i < kTilesPerCta; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
 
-  // This warp's blocks: first + kWarpsPerCta * j, j < nj.
+  // This warp's blocks: first + F::kWarps * j, j < nj.
   const int first = b_lo + warp;
-  const int nj = first < b_hi ? (b_hi - first + kWarpsPerCta - 1) / kWarpsPerCta : 0;
+  const int nj = first < b_hi ? (b_hi - first + F::kWarps - 1) / F::kWarps : 0;
   BlockSrc<F> src;
 #pragma unroll
   for (int i = 0; i < kTilesPerCta; ++i)
@@ -305,11 +305,11 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, F::kMinBlocks) mm_mma_kerne
   // while the previous kernel drains (they land in the first commit group).
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q)
-    if (q < nj) issue_weights<F>(src, static_cast<int64_t>(q) * kWarpsPerCta, lane, ring + q * sb);
+    if (q < nj) issue_weights<F>(src, static_cast<int64_t>(q) * F::kWarps, lane, ring + q * sb);
   pdl_wait(a.M == 1);
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q) {
-    if (q < nj) issue_acts<F>(src, static_cast<int64_t>(q) * kWarpsPerCta, a.nblk, mc, lane, ring + q * sb);
+    if (q < nj) issue_acts<F>(src, static_cast<int64_t>(q) * F::kWarps, a.nblk, mc, lane, ring + q * sb);
     cp_async_commit();
   }
   for (int j = 0; j < nj; ++j) {
@@ -320,8 +320,8 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, F::kMinBlocks) mm_mma_kerne
     const int jn = j + kStages - 1;
     if (jn < nj) {
       uint8_t* st = ring + (jn % kStages) * sb;
-      issue_weights<F>(src, static_cast<int64_t>(jn) * kWarpsPerCta, lane, st);
-      issue_acts<F>(src, static_cast<int64_t>(jn) * kWarpsPerCta, a.nblk, mc, lane, st);
+      issue_weights<F>(src, static_cast<int64_t>(jn) * F::kWarps, lane, st);
+      issue_acts<F>(src, static_cast<int64_t>(jn) * F::kWarps, a.nblk, mc, lane, st);
     }
     cp_async_commit();
   }
@@ -338,16 +338,16 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, F::kMinBlocks) mm_mma_kerne
         red[(warp * R + 2 * t + (jj & 1)) * 64 + 16 * i + g + (jj >= 2 ? 8 : 0)] = acc[i][jj];
   __syncthreads();
   // Output (row, m): the warps' sums in warp order.
-  constexpr int kOutPerThread = (64 * kCols + kWarpsPerCta * 32 - 1) / (kWarpsPerCta * 32);
+  constexpr int kOutPerThread = (64 * kCols + F::kWarps * 32 - 1) / (F::kWarps * 32);
   float out[kOutPerThread];
 #pragma unroll
   for (int k = 0; k < kOutPerThread; ++k) {
-    const int o = threadIdx.x + k * kWarpsPerCta * 32, row = o & 63, m = o >> 6;
+    const int o = threadIdx.x + k * F::kWarps * 32, row = o & 63, m = o >> 6;
     out[k] = 0.0f;
     if (m < mc && row < nt_rows) {
       float s = red[m * 64 + row];
 #pragma unroll
-      for (int w = 1; w < kWarpsPerCta; ++w) s += red[(w * R + m) * 64 + row];
+      for (int w = 1; w < F::kWarps; ++w) s += red[(w * R + m) * 64 + row];
       out[k] = s;
     }
   }
@@ -357,16 +357,16 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, F::kMinBlocks) mm_mma_kerne
     // CTA 0 adds the ks parts in split order (distributed shared memory) and stores y; the others
     // wait at a second barrier until it has read them.
     cg::cluster_group cluster = cg::this_cluster();
-    float* fin = reinterpret_cast<float*>(smem) + kWarpsPerCta * R * 64;  // [kOutPerThread][128 threads]
+    float* fin = reinterpret_cast<float*>(smem) + F::kWarps * R * 64;  // [kOutPerThread][F::kWarps * 32 threads]
 #pragma unroll
-    for (int k = 0; k < kOutPerThread; ++k) fin[k * kWarpsPerCta * 32 + threadIdx.x] = out[k];
+    for (int k = 0; k < kOutPerThread; ++k) fin[k * F::kWarps * 32 + threadIdx.x] = out[k];
     cluster.sync();
     const bool lead = cluster.block_rank() == 0;
     if (lead)
 #pragma unroll
       for (int k = 0; k < kOutPerThread; ++k) {
         float s = out[k];
-        for (int zz = 1; zz < a.ks; ++zz) s += cluster.map_shared_rank(fin, zz)[k * kWarpsPerCta * 32 + threadIdx.x];
+        for (int zz = 1; zz < a.ks; ++zz) s += cluster.map_shared_rank(fin, zz)[k * F::kWarps * 32 + threadIdx.x];
         out[k] = s;
       }
     cluster.sync();
@@ -374,7 +374,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32, F::kMinBlocks) mm_mma_kerne
   }
 #pragma unroll
   for (int k = 0; k < kOutPerThread; ++k) {
-    const int o = threadIdx.x + k * kWarpsPerCta * 32, row = o & 63, m = o >> 6;
+    const int o = threadIdx.x + k * F::kWarps * 32, row = o & 63, m = o >> 6;
     const int64_t grow = static_cast<int64_t>(tile0) * 16 + row;
     if (m < mc && row < nt_rows && grow < pt.N) pt.y[(m0 + m) * pt.N + grow] = out[k];
   }
@@ -409,12 +409,12 @@ inline bool mma_wide_alt() {
   return v;
 }
 
-inline int mma_splits_for(int64_t ctas, int64_t in, int num_sms, int ctas_per_sm) {
+inline int mma_splits_for(int64_t ctas, int64_t in, int num_sms, int ctas_per_sm, int warps) {
   const int64_t nblk = in / 128;
   // As many CTAs as fit in one wave: a GEMV needs warps for bytes in flight, and a second wave would
   // double the time.
   const int64_t want = ctas_per_sm * static_cast<int64_t>(std::max(num_sms, 1)) / std::max<int64_t>(ctas, 1);
-  const int64_t most = std::max<int64_t>(1, nblk / (2 * kWarpsPerCta));  // >= 2 blocks per warp
+  const int64_t most = std::max<int64_t>(1, nblk / (2 * warps));  // >= 2 blocks per warp
   // <= 8: the split CTAs form one cluster (8 is the portable cluster size)
   return static_cast<int>(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 8)));
 }
@@ -445,7 +445,7 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
     gx += mma_ctas(ws[k]->out);
     p.cta_end = static_cast<int>(gx);
   }
-  a.ks = mma_splits_for(gx, in, num_sms, mma_ctas_per_sm(F::kWave));
+  a.ks = mma_splits_for(gx, in, num_sms, mma_ctas_per_sm(F::kWave), F::kWarps);
   for (int z = 0; z <= a.ks; ++z) a.kb[z] = static_cast<int>(static_cast<int64_t>(a.nblk) * z / a.ks);
   constexpr int SN = F::kStagesNarrow, SW = F::kStagesWide, SW2 = F::kStagesWideAlt;
   static bool attr_set = false;
@@ -454,10 +454,10 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     };
-    setup(mm_mma_kernel<F, SN, 2>, kWarpsPerCta * SN * stage_bytes<F>(2));
-    setup(mm_mma_kernel<F, SN, 4>, kWarpsPerCta * SN * stage_bytes<F>(4));
-    setup(mm_mma_kernel<F, SW, 8>, kWarpsPerCta * SW * stage_bytes<F>(kCols));
-    if constexpr (SW2 != SW) setup(mm_mma_kernel<F, SW2, 8>, kWarpsPerCta * SW2 * stage_bytes<F>(kCols));
+    setup(mm_mma_kernel<F, SN, 2>, F::kWarps * SN * stage_bytes<F>(2));
+    setup(mm_mma_kernel<F, SN, 4>, F::kWarps * SN * stage_bytes<F>(4));
+    setup(mm_mma_kernel<F, SW, 8>, F::kWarps * SW * stage_bytes<F>(kCols));
+    if constexpr (SW2 != SW) setup(mm_mma_kernel<F, SW2, 8>, F::kWarps * SW2 * stage_bytes<F>(kCols));
     attr_set = true;
   }
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRowsPerLaunch) {
@@ -473,20 +473,20 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
     const int64_t gy = (a.M + kCols - 1) / kCols;
     const int mc = static_cast<int>(std::min<int64_t>(a.M, kCols));  // rows staged: the largest tile's
     const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(a.ks));
-    const dim3 block(kWarpsPerCta * 32), cluster(1, 1, grid.z);
+    const dim3 block(F::kWarps * 32), cluster(1, 1, grid.z);
     // R (rows per plane group) from the widest tile, and the ring depth: scheduling and column
     // placement only, the arithmetic of a row is the same.
     if (mc <= 2)
-      (void)launch_ex(mm_mma_kernel<F, SN, 2>, grid, block, kWarpsPerCta * SN * stage_bytes<F>(mc), s, cluster,
+      (void)launch_ex(mm_mma_kernel<F, SN, 2>, grid, block, F::kWarps * SN * stage_bytes<F>(mc), s, cluster,
                       pdl_enabled(), a);
     else if (mc <= 4)
-      (void)launch_ex(mm_mma_kernel<F, SN, 4>, grid, block, kWarpsPerCta * SN * stage_bytes<F>(mc), s, cluster,
+      (void)launch_ex(mm_mma_kernel<F, SN, 4>, grid, block, F::kWarps * SN * stage_bytes<F>(mc), s, cluster,
                       pdl_enabled(), a);
     else if (SW2 != SW && mma_wide_alt())
-      (void)launch_ex(mm_mma_kernel<F, SW2, 8>, grid, block, kWarpsPerCta * SW2 * stage_bytes<F>(mc), s, cluster,
+      (void)launch_ex(mm_mma_kernel<F, SW2, 8>, grid, block, F::kWarps * SW2 * stage_bytes<F>(mc), s, cluster,
                       pdl_enabled(), a);
     else
-      (void)launch_ex(mm_mma_kernel<F, SW, 8>, grid, block, kWarpsPerCta * SW * stage_bytes<F>(mc), s, cluster,
+      (void)launch_ex(mm_mma_kernel<F, SW, 8>, grid, block, F::kWarps * SW * stage_bytes<F>(mc), s, cluster,
                       pdl_enabled(), a);
   }
 }

@@ -22,10 +22,12 @@ inline int norm_threads(int64_t n) { return n >= 4096 ? 1024 : n >= 1024 ? 256 :
 template <int kMode>
 __global__ void norm_kernel(const float* x, const float* __restrict__ w, const float* __restrict__ z, float* y,
                             int64_t n, float eps, float scale, float* x_out) {
+  const int T = blockDim.x;
+  if (w && kMode != 1)  // the weight is a constant: its lines are on their way during the wait
+    for (int64_t i = threadIdx.x * 32; i < n; i += static_cast<int64_t>(T) * 32) prefetch_l2(w + i);
   pdl_wait(gridDim.x == 1);
   __shared__ float sh[32];
   const int64_t r = blockIdx.x;
-  const int T = blockDim.x;
   const float* xr = x + r * n;
   float* yr = y + r * n;
   float v[kNormRegs];
@@ -152,18 +154,17 @@ __device__ __forceinline__ float conv_step(float (&win)[kMaxK], const float (&wc
 template <int kK>
 __global__ void gdn_conv_kernel(const float* x, float* state, const float* __restrict__ w, float* y, int64_t M,
                                 int64_t C, int K_rt) {
-  pdl_wait(M == 1);
   const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (c >= C) return;
   const int K = kK > 0 ? kK : K_rt;
   const int H = K - 1;
   float win[kMaxK];
   float wc[kMaxK];
 #pragma unroll
-  for (int j = 0; j < kMaxK; ++j) {
-    win[j] = (j < H) ? state[j * C + c] : 0.0f;
-    wc[j] = (j < K) ? w[c * K + j] : 0.0f;
-  }
+  for (int j = 0; j < kMaxK; ++j) wc[j] = (c < C && j < K) ? w[c * K + j] : 0.0f;  // constants: before the wait
+  pdl_wait(M == 1);
+  if (c >= C) return;
+#pragma unroll
+  for (int j = 0; j < kMaxK; ++j) win[j] = (j < H) ? state[j * C + c] : 0.0f;
   for (int64_t m = 0; m < M; ++m) {
     y[m * C + c] = conv_step(win, wc, H, x[m * C + c]);
   }
@@ -267,6 +268,10 @@ __device__ __forceinline__ void norm_row_regs(const float* xr, const float* __re
 }
 
 __global__ void attention_prep_kernel(const AttentionPrepArgs a) {
+  {  // the head's norm weight (a constant) on its way to L2 during the wait
+    const float* nw = blockIdx.y < a.n_head ? a.q_norm : blockIdx.y < a.n_head + a.n_head_kv ? a.k_norm : nullptr;
+    if (nw && threadIdx.x * 32 < a.head_dim) prefetch_l2(nw + threadIdx.x * 32);
+  }
   pdl_wait(a.M == 1);
   __shared__ float sh[32];
   const int64_t m = blockIdx.x, hd = a.head_dim, half = a.n_rot / 2, kvw = a.n_head_kv * hd;
