@@ -24,6 +24,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/xq_record.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -32,7 +33,6 @@ namespace cg = cooperative_groups;
 
 constexpr int kChunk = 1024;   // rotation block this kernel handles
 constexpr int kThreads = 256;  // 8 warps: one 128-element quantization block each
-constexpr int kXqRecord = 384;  // 3 digit planes of 128 bytes (matmul_ternary.cu)
 
 struct ChainArgs {
   const float* gx;     // gated norm, sigmoid gate: the input [rows, dim] (heads of head_dim)
@@ -219,44 +219,8 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
   float e4[4] = {__fmul_rn(v[0], sc), __fmul_rn(v[1], sc), __fmul_rn(v[2], sc), __fmul_rn(v[3], sc)};
   if (a.y) st4(a.y + base + i0, e4);
   if (!a.xq) return;  // prefill: the next matmul is the bf16 tensor-core GEMM, which reads y itself
-  float amax = fmaxf(fmaxf(fabsf(e4[0]), fabsf(e4[1])), fmaxf(fabsf(e4[2]), fabsf(e4[3])));
-  amax = warp_max(amax);
-  int ex = 0;
-  if (amax > 0.0f && isfinite(amax)) frexpf(amax, &ex);  // amax = f 2^ex, f in [0.5, 1)
-  const int E = ex - 6;
-  uint32_t plane[3] = {0, 0, 0};
-  int s[3] = {0, 0, 0};
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int u = __float2int_rn(ldexpf(e4[e], 16 - E));  // |u| < 2^22
-    const int d2 = static_cast<int8_t>(u & 0xff);
-    const int u1 = (u - d2) >> 8;
-    const int d1 = static_cast<int8_t>(u1 & 0xff);
-    const int d0 = (u1 - d1) >> 8;
-    plane[0] |= static_cast<uint32_t>(d0 & 0xff) << (8 * e);
-    plane[1] |= static_cast<uint32_t>(d1 & 0xff) << (8 * e);
-    plane[2] |= static_cast<uint32_t>(d2 & 0xff) << (8 * e);
-    s[0] += d0, s[1] += d1, s[2] += d2;
-  }
-  // Element k = 4L + e of the block sits at byte t*32 + (2j + h)*4 + e (k = 32j + 16h + 4t + e).
   const int64_t blk = r * (a.dim / 128) + c0 / 128 + warp;
-  uint8_t* rec = a.xq + blk * kXqRecord + (lane & 3) * 32 + ((lane >> 3) * 2 + ((lane >> 2) & 1)) * 4;
-#pragma unroll
-  for (int p = 0; p < 3; ++p) *reinterpret_cast<uint32_t*>(rec + 128 * p) = plane[p];
-  const int t0 = __reduce_add_sync(0xffffffffu, s[0]), t1 = __reduce_add_sync(0xffffffffu, s[1]),
-            t2 = __reduce_add_sync(0xffffffffu, s[2]);
-  if (lane == 0) {
-    int32_t* m = a.meta + blk * 4;
-    m[0] = t0;
-    m[1] = t1;
-    m[2] = t2;
-    m[3] = __float_as_int(ldexpf(1.0f, E - 16));
-  }
-}
-
-// The records' meta follows the rows' digit planes; none without records (xq null: no quantization).
-int32_t* xq_meta(uint8_t* xq, int64_t rows, int64_t dim) {
-  return xq ? reinterpret_cast<int32_t*>(xq + static_cast<size_t>(rows) * (dim / 128) * kXqRecord) : nullptr;
+  warp_quantize_x24(e4, lane, a.xq + blk * kXqRecordBytes, a.meta + blk * 4);
 }
 
 }  // namespace

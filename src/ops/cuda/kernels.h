@@ -126,6 +126,11 @@ void launch_gdn_conv(const float* x, float* state, const float* w, float* y, int
                      cudaStream_t s);
 void launch_dflash_conv(const float* x, const float* base, const float* d, int64_t d_stride, const float* res,
                         float* y, int64_t M, int64_t C, int64_t K, int64_t group, cudaStream_t s);
+// dflash_conv without a residual that also writes the next integer matmul's activation records into xq
+// (null: y only): y's bits are launch_dflash_conv's. Needs C % 128 == 0, M <= 65535, y 16-byte aligned.
+bool dflash_conv_quantize_supported(int64_t C, int64_t M);
+void launch_dflash_conv_quantize(const float* x, const float* base, const float* d, int64_t d_stride, float* y,
+                                 void* xq, int64_t M, int64_t C, int64_t K, int64_t group, cudaStream_t s);
 
 // Backend::attention_prep in one kernel (norm.cu): one CTA of norm_threads(head_dim) threads per (row,
 // query head), (row, key head) and (row: the value copy). Needs head_dim <= kAttentionPrepMaxHeadDim.

@@ -6,6 +6,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/xq_record.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -224,6 +225,36 @@ __global__ void dflash_conv_kernel(const float* __restrict__ x, const float* __r
   y[t * C + c] = res ? acc + res[t * C + c] : acc;
 }
 
+// dflash_conv with the next integer matmul's activation records (res == null: the conv output feeds the
+// attention's q | k | v or the FFN's gate | up). Thread t of a CTA holds channels 4t .. 4t + 3 of a
+// 1024-channel slice, so warp w quantizes the slice's 128-block w (xq_record.cuh); each channel's sum is
+// dflash_conv_kernel's (the same products, added in the same order). xq null: y only.
+__global__ void dflash_conv_quantize_kernel(const float* __restrict__ x, const float* __restrict__ base,
+                                            const float* __restrict__ d, int64_t d_stride, float* y, int64_t M,
+                                            int64_t C, int64_t K, int64_t group, uint8_t* xq, int32_t* meta) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * 1024 + 4 * threadIdx.x;
+  const int64_t t = blockIdx.y;
+  if ((threadIdx.x & 7) == 0 && c0 < C)  // the conv's base taps (constants) on their way during the wait
+    for (int64_t o = 0; o < K; ++o) prefetch_l2(base + o * C + c0);
+  pdl_wait();
+  if (c0 >= C) return;  // C % 128 == 0: whole warps leave
+  const int64_t G = C / group;
+  const float* dt = d + t * d_stride;
+  float e4[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int64_t c = c0 + e, g = c / group;
+    float acc = 0.0f;
+    for (int64_t o = 0; o < K && o <= t; ++o) acc += (base[o * C + c] + dt[o * G + g]) * x[(t - o) * C + c];
+    e4[e] = acc;
+  }
+  *reinterpret_cast<float4*>(y + t * C + c0) = make_float4(e4[0], e4[1], e4[2], e4[3]);
+  if (!xq) return;
+  const int64_t blk = t * (C / 128) + blockIdx.x * 8 + warp;
+  warp_quantize_x24(e4, lane, xq + blk * kXqRecordBytes, meta + blk * 4);
+}
+
 inline unsigned elem_blocks(int64_t n) {
   const int64_t b = (n + 255) / 256;
   return static_cast<unsigned>(b < 65536 ? (b > 0 ? b : 1) : 65536);
@@ -410,6 +441,14 @@ void launch_gdn_conv(const float* x, float* state, const float* w, float* y, int
     launch_pdl(gdn_conv_kernel<4>, ceil_div_u(C, 128), 128, 0, s, x, state, w, y, M, C, 4);
   else
     launch_pdl(gdn_conv_kernel<0>, ceil_div_u(C, 128), 128, 0, s, x, state, w, y, M, C, static_cast<int>(K));
+}
+bool dflash_conv_quantize_supported(int64_t C, int64_t M) { return C > 0 && C % 128 == 0 && M > 0 && M <= 65535; }
+void launch_dflash_conv_quantize(const float* x, const float* base, const float* d, int64_t d_stride, float* y,
+                                 void* xq, int64_t M, int64_t C, int64_t K, int64_t group, cudaStream_t s) {
+  if (M <= 0 || C <= 0) return;
+  auto* q = static_cast<uint8_t*>(xq);
+  launch_pdl(dflash_conv_quantize_kernel, dim3(ceil_div_u(C, 1024), static_cast<unsigned>(M)), 256, 0, s, x, base, d,
+             d_stride, y, M, C, K, group, q, xq_meta(q, M, C));
 }
 void launch_dflash_conv(const float* x, const float* base, const float* d, int64_t d_stride, const float* res,
                         float* y, int64_t M, int64_t C, int64_t K, int64_t group, cudaStream_t s) {

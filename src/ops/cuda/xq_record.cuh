@@ -1,0 +1,56 @@
+// The integer matmuls' activation record (mma_gemv.cuh) written by one warp for one block of 128 inputs,
+// for kernels that produce a matmul input and quantize it on the way out (the chains, the drafter's
+// conv): the next ternary / K-quant matmul then skips its quantize launch (the backend's xq cache).
+// Byte for byte what quantize_x24_kernel writes for the same 128 floats: E = (frexp exponent of the
+// block's largest |x|) - 6, so that largest |x| 2^-E lies in [32, 64); u = rint(x 2^(16-E)); the three
+// signed digit planes in mma B-fragment order; the meta (S0, S1, S2, 2^(E-16)).
+#pragma once
+
+#include "ops/cuda/common.cuh"
+
+namespace dflash::cuda {
+
+constexpr int kXqRecordBytes = 384;  // 3 digit planes of 128 bytes
+
+// Lane L holds elements 4L .. 4L + 3 of the block in e4; rec: the block's 384-byte record; meta: its 4 ints.
+__device__ __forceinline__ void warp_quantize_x24(const float (&e4)[4], int lane, uint8_t* rec, int32_t* meta) {
+  float amax = fmaxf(fmaxf(fabsf(e4[0]), fabsf(e4[1])), fmaxf(fabsf(e4[2]), fabsf(e4[3])));
+  amax = warp_max(amax);
+  int ex = 0;
+  if (amax > 0.0f && isfinite(amax)) frexpf(amax, &ex);  // amax = f 2^ex, f in [0.5, 1)
+  const int E = ex - 6;
+  uint32_t plane[3] = {0, 0, 0};
+  int s[3] = {0, 0, 0};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int u = __float2int_rn(ldexpf(e4[e], 16 - E));  // |u| < 2^22
+    const int d2 = static_cast<int8_t>(u & 0xff);
+    const int u1 = (u - d2) >> 8;
+    const int d1 = static_cast<int8_t>(u1 & 0xff);
+    const int d0 = (u1 - d1) >> 8;
+    plane[0] |= static_cast<uint32_t>(d0 & 0xff) << (8 * e);
+    plane[1] |= static_cast<uint32_t>(d1 & 0xff) << (8 * e);
+    plane[2] |= static_cast<uint32_t>(d2 & 0xff) << (8 * e);
+    s[0] += d0, s[1] += d1, s[2] += d2;
+  }
+  // Element k = 4L + e of the block sits at byte t*32 + (2j + h)*4 + e (k = 32j + 16h + 4t + e).
+  uint8_t* at = rec + (lane & 3) * 32 + ((lane >> 3) * 2 + ((lane >> 2) & 1)) * 4;
+#pragma unroll
+  for (int p = 0; p < 3; ++p) *reinterpret_cast<uint32_t*>(at + 128 * p) = plane[p];
+  const int t0 = __reduce_add_sync(0xffffffffu, s[0]), t1 = __reduce_add_sync(0xffffffffu, s[1]),
+            t2 = __reduce_add_sync(0xffffffffu, s[2]);
+  if (lane == 0) {
+    meta[0] = t0;
+    meta[1] = t1;
+    meta[2] = t2;
+    meta[3] = __float_as_int(ldexpf(1.0f, E - 16));
+  }
+}
+
+// The records' meta follows the rows' digit planes: [rows][dim / 128][4] after [rows][dim / 128][384 B];
+// null without records.
+inline int32_t* xq_meta(uint8_t* xq, int64_t rows, int64_t dim) {
+  return xq ? reinterpret_cast<int32_t*>(xq + static_cast<size_t>(rows) * (dim / 128) * kXqRecordBytes) : nullptr;
+}
+
+}  // namespace dflash::cuda
