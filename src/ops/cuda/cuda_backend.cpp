@@ -248,6 +248,12 @@ class CudaBackend final : public Backend {
     const cuda::DevWeight* ws[cuda::kTernaryMaxGroup];
     float* ys[cuda::kTernaryMaxGroup];
     cuda::DevWeight dws[cuda::kTernaryMaxGroup];
+    if (skip_ & (kSkipMatmul | kSkipStream)) {  // diagnostics (see parse_skip)
+      const int n = static_cast<int>(std::min<size_t>(outs.size(), cuda::kTernaryMaxGroup));
+      for (int i = 0; i < n; ++i) dws[i] = dev_weight(*outs[i].w, "matmul_group");
+      skipped_matmul(dws, n);
+      return;
+    }
     bool one_launch = outs.size() >= 2 && outs.size() <= static_cast<size_t>(cuda::kTernaryMaxGroup);
     for (size_t i = 0; one_launch && i < outs.size(); ++i) {
       dws[i] = dev_weight(*outs[i].w, "matmul_group");
@@ -256,11 +262,6 @@ class CudaBackend final : public Backend {
       one_launch = mma && dws[i].layout == dws[0].layout && dws[i].in == dws[0].in;
       ws[i] = &dws[i];
       ys[i] = outs[i].y;
-    }
-    if (skip_ & (kSkipMatmul | kSkipStream)) {
-      for (size_t i = 0; i < outs.size(); ++i) dws[i] = dev_weight(*outs[i].w, "matmul_group");
-      skipped_matmul(dws, static_cast<int>(outs.size()));
-      return;
     }
     if (!one_launch) {
       // Small block-layout weights of one type (GDN alpha | beta): one launch of the k-split kernel.
@@ -821,8 +822,9 @@ class CudaBackend final : public Backend {
 
   // Diagnostics, never for results: DFLASH_CUDA_SKIP=matmul,chain,attention,gdn (any of them) leaves
   // those ops out (their outputs keep whatever the buffers held), =stream replaces each decode / verify
-  // matmul (and group) by a bare read of its weights' bytes, =chainbody each chain by an empty kernel. Timing the step graphs with one class left
-  // out places that class's share of the real, overlapped step, which ncu (kernels run alone) cannot.
+  // matmul (and group) by a bare read of its weights' bytes, =chainbody each chain by an empty kernel.
+  // Timing the step graphs with one class left out places that class's share of the real, overlapped
+  // step, which ncu (kernels run alone) cannot.
   enum : unsigned { kSkipMatmul = 1, kSkipStream = 2, kSkipChain = 4, kSkipAttention = 8, kSkipGdn = 16,
                     kSkipChainBody = 32 };
   static unsigned parse_skip() {
@@ -855,16 +857,16 @@ class CudaBackend final : public Backend {
   bool skipped_matmul(const cuda::DevWeight* dws, int n) {
     if (!(skip_ & (kSkipMatmul | kSkipStream))) return false;
     if (skip_ & kSkipStream) {
-      const void* src[4];
-      size_t n16[4];
-      int k = 0;
-      for (int i = 0; i < n && k < 4; ++i, ++k) {
+      const void* src[cuda::kTernaryMaxGroup];
+      size_t n16[cuda::kTernaryMaxGroup];
+      n = std::min(n, cuda::kTernaryMaxGroup);
+      for (int i = 0; i < n; ++i) {
         auto it = weight_bytes_.find(dws[i].data);
-        src[k] = dws[i].data;
-        n16[k] = (it == weight_bytes_.end() ? 0 : it->second) / 16;
+        src[i] = dws[i].data;
+        n16[i] = (it == weight_bytes_.end() ? 0 : it->second) / 16;
       }
       auto* sink = static_cast<unsigned*>(scratch(kScratchSink, sizeof(unsigned) * 4096));
-      cuda::launch_stream_weights(src, n16, k, sink, stream_);
+      cuda::launch_stream_weights(src, n16, n, sink, stream_);
     }
     after("matmul");
     return true;

@@ -211,6 +211,17 @@ __global__ void gdn_conv_state_kernel(const float* x, float* state, int64_t M, i
   state[j * C + c] = x[(M - H + j) * C + c];
 }
 
+// Channel c of row t of dflash_conv (Backend::dflash_conv), taps o = 0, 1, .. in order; dt: row t's
+// coefficients. Both conv kernels use it, so their outputs have the same bits.
+__device__ __forceinline__ float dflash_conv_channel(const float* __restrict__ x, const float* __restrict__ base,
+                                                     const float* __restrict__ dt, int64_t t, int64_t c, int64_t C,
+                                                     int64_t K, int64_t G, int64_t group) {
+  const int64_t g = c / group;
+  float acc = 0.0f;
+  for (int64_t o = 0; o < K && o <= t; ++o) acc += (base[o * C + c] + dt[o * G + g]) * x[(t - o) * C + c];
+  return acc;
+}
+
 __global__ void dflash_conv_kernel(const float* __restrict__ x, const float* __restrict__ base,
                                    const float* __restrict__ d, int64_t d_stride, const float* res, float* y, int64_t M,
                                    int64_t C, int64_t K, int64_t group) {
@@ -218,17 +229,14 @@ __global__ void dflash_conv_kernel(const float* __restrict__ x, const float* __r
   const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   const int64_t t = blockIdx.y;
   if (c >= C || t >= M) return;
-  const int64_t G = C / group, g = c / group;
-  const float* dt = d + t * d_stride;
-  float acc = 0.0f;
-  for (int64_t o = 0; o < K && o <= t; ++o) acc += (base[o * C + c] + dt[o * G + g]) * x[(t - o) * C + c];
+  const float acc = dflash_conv_channel(x, base, d + t * d_stride, t, c, C, K, C / group, group);
   y[t * C + c] = res ? acc + res[t * C + c] : acc;
 }
 
 // dflash_conv with the next integer matmul's activation records (res == null: the conv output feeds the
 // attention's q | k | v or the FFN's gate | up). Thread t of a CTA holds channels 4t .. 4t + 3 of a
-// 1024-channel slice, so warp w quantizes the slice's 128-block w (xq_record.cuh); each channel's sum is
-// dflash_conv_kernel's (the same products, added in the same order). xq null: y only.
+// 1024-channel slice, so warp w quantizes the slice's 128-block w (xq_record.cuh); each channel is
+// dflash_conv_channel, as in dflash_conv_kernel. xq null: y only.
 __global__ void dflash_conv_quantize_kernel(const float* __restrict__ x, const float* __restrict__ base,
                                             const float* __restrict__ d, int64_t d_stride, float* y, int64_t M,
                                             int64_t C, int64_t K, int64_t group, uint8_t* xq, int32_t* meta) {
@@ -239,16 +247,9 @@ __global__ void dflash_conv_quantize_kernel(const float* __restrict__ x, const f
     for (int64_t o = 0; o < K; ++o) prefetch_l2(base + o * C + c0);
   pdl_wait();
   if (c0 >= C) return;  // C % 128 == 0: whole warps leave
-  const int64_t G = C / group;
-  const float* dt = d + t * d_stride;
   float e4[4];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int64_t c = c0 + e, g = c / group;
-    float acc = 0.0f;
-    for (int64_t o = 0; o < K && o <= t; ++o) acc += (base[o * C + c] + dt[o * G + g]) * x[(t - o) * C + c];
-    e4[e] = acc;
-  }
+  for (int e = 0; e < 4; ++e) e4[e] = dflash_conv_channel(x, base, d + t * d_stride, t, c0 + e, C, K, C / group, group);
   *reinterpret_cast<float4*>(y + t * C + c0) = make_float4(e4[0], e4[1], e4[2], e4[3]);
   if (!xq) return;
   const int64_t blk = t * (C / 128) + blockIdx.x * 8 + warp;
