@@ -136,6 +136,14 @@ TEST(CudaMatmul, RowsBitIdenticalToSingleRows) {
     seed += 2;
   }
   rows_identical_case(GgmlType::BF16, 5120, 48, {2, 3, 8, 11}, seed);  // ssm_alpha / ssm_beta
+  // The integer-mma tiles at 27B shapes with a k split over a cluster (17408 and 6144 inputs: 4 CTAs
+  // per 64 rows) and without (5120): 1, 2 and 8 rows take different kernel instances (ring depth,
+  // column map), which must sum the same blocks in the same order.
+  for (GgmlType t : {GgmlType::PTQ1_0, GgmlType::PQ2_0}) {
+    rows_identical_case(t, 17408, 5120, {2, 8}, seed += 2);
+    rows_identical_case(t, 6144, 5120, {8}, seed += 2);
+    rows_identical_case(t, 5120, 17408, {2, 8}, seed += 2);
+  }
 }
 
 // matmul_group (one launch for the weights that share an input): each output against the CPU's
