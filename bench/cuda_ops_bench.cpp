@@ -40,6 +40,7 @@
 #include "models/target.h"
 #include "ops/cuda/cuda_backend.h"
 #include "quant/types.h"
+#include "step_timeline.h"
 #include "util/error.h"
 
 using namespace dflash;
@@ -559,6 +560,25 @@ int main(int argc, char** argv) {
         tok = model->forward(std::span(&tok, 1), last).argmax[0];
         cuda::profiler_range(false);
       }
+      // DFLASH_STEP_TIMELINE=1: the real (overlapped) kernel timeline of one decode, verify and draft step
+      // through CUPTI (step_timeline.h), after the timed runs, each step recorded once warm.
+      const bool want_timeline = std::getenv("DFLASH_STEP_TIMELINE") != nullptr;
+      // step: what is recorded; after: run after each step, not recorded (the verify's rollback)
+      const auto record_timeline = [&](const std::string& title, const std::function<void()>& step,
+                                       const std::function<void()>& after) {
+        if (!want_timeline) return;
+        bench::StepTimeline tl;
+        step();
+        if (after) after();
+        be->synchronize();
+        tl.begin();
+        step();
+        be->synchronize();
+        out.line(bench::timeline_report(tl.end(), title));
+        if (after) after();
+      };
+      record_timeline(
+          "timeline: one decode step", [&] { tok = model->forward(std::span(&tok, 1), last).argmax[0]; }, nullptr);
       // verify: 8 rows, undoable, then roll back 4
       std::vector<int32_t> block(8);
       for (int i = 0; i < 8; ++i) block[i] = 2000 + 11 * i;
@@ -584,6 +604,9 @@ int main(int argc, char** argv) {
       }
       out.line(fmt::format("verify (8 rows, undoable, + rollback): {:.2f} ms/step = {:.2f}x a decode step", ver_ms,
                            ver_ms / ms_tok));
+      record_timeline(
+          "timeline: one verify step (8 rows, undoable; the rollback not recorded)",
+          [&] { model->forward(block, ver); }, [&] { model->rollback(4); });
       if (dfile) {  // the draft step (device-resident: draft_device, no download), after 64 context rows
         auto drafter = DFlashDrafter::load(*dfile, *model);
         const DrafterConfig& dc = drafter->config();
@@ -607,6 +630,7 @@ int main(int argc, char** argv) {
         }
         out.line(fmt::format("draft step ({} rows, {} layers, graph replayed, no download): {:.3f} ms = {:.3f}x a "
                              "decode step", dc.block_size, dc.n_layer, dr_ms, dr_ms / ms_tok));
+        record_timeline("timeline: one draft step", [&] { drafter->draft_device(1234); }, nullptr);
       }
     }
     if (!out_path.empty()) {

@@ -24,6 +24,10 @@
 #       --profile-verify TYPE does the same for one 8-row verify step, --profile-prefill TYPE for one
 #       prefill chunk (the backend's prefill_rows() rows), --profile-draft TYPE for one draft step of
 #       the 27B-shaped drafter.
+#       --timeline TYPE records one decode, one 8-row verify and one draft step of that 27B pair through
+#       CUPTI (bench_cuda_ops with DFLASH_STEP_TIMELINE=1: the real, PDL-overlapped timeline, which ncu
+#       cannot show; the GPU machine has no nsys) and writes where each step's wall time goes to
+#       $OUT/timeline_TYPE.md.
 #
 #   scripts/gpu_test.sh --stage-ab NAME
 #       on the build machine: packs the current build's bench_cuda_ops and dflash (stripped, with their
@@ -70,7 +74,7 @@ if [ "${1:-}" = "--stage" ]; then
   if ninja -C $BD -j "${JOBS:-2}" dflash; then cp $BD/dflash "$G/"; else echo "warning: dflash not built"; fi
   for b in "$G"/test_cuda "$G"/bench_cuda_ops "$G"/dflash; do
     [ -f "$b" ] || continue
-    ldd "$b" | awk '/=> \// {print $3}' | grep -E 'libfmt|libutf8proc|libgtest|libbenchmark|httplib' || true
+    ldd "$b" | awk '/=> \// {print $3}' | grep -E 'libfmt|libutf8proc|libgtest|libbenchmark|httplib|libcupti' || true
   done | sort -u | while read -r lib; do cp -L "$lib" "$G/lib/"; done
   git rev-parse HEAD >"$G/COMMIT"
   git status --porcelain -- src/ops/cuda tests/cuda bench/cuda_ops_bench.cpp | grep -q . && echo "+dirty" >>"$G/COMMIT"
@@ -82,7 +86,7 @@ if [ "${1:-}" = "--stage" ]; then
   exit 0
 fi
 
-RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64 DBENCH="" PROFILE="" PROFILE_KIND=decode SASS="" AB="" AB_RUNS=2 ENVAB="" ENVAB_PP=0
+TIMELINE="" RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64 DBENCH="" PROFILE="" PROFILE_KIND=decode SASS="" AB="" AB_RUNS=2 ENVAB="" ENVAB_PP=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-test) RUN_TEST=0 ;;
@@ -94,6 +98,7 @@ while [ $# -gt 0 ]; do
     --profile-verify) PROFILE="$2"; PROFILE_KIND=verify; shift ;;
     --profile-prefill) PROFILE="$2"; PROFILE_KIND=prefill; shift ;;
     --profile-draft) PROFILE="$2"; PROFILE_KIND=draft; shift ;;
+    --timeline) TIMELINE="$2"; shift ;;
     --sass) SASS="$2"; shift ;;
     --ab) AB="$2"; shift ;;
     --ab-runs) AB_RUNS="$2"; shift ;;
@@ -183,6 +188,17 @@ if [ -n "$PROFILE" ]; then
   python3 tools/ncu_step_breakdown.py "$OUT/step_$PROFILE.csv" "${FLOOR:-4500}" >"$OUT/step_breakdown_$PROFILE.md"
   cat "$OUT/step_breakdown_$PROFILE.md"
   gzip -f "$OUT/step_$PROFILE.csv"
+fi
+
+if [ -n "$TIMELINE" ]; then
+  F=/tmp/bonsai27-$TIMELINE.gguf D=/tmp/drafter27.gguf
+  [ -f "$F" ] || timeout 200 "$G/dflash" synth "$F" --preset bonsai-27b --type "$TIMELINE" >/dev/null 2>&1
+  [ -f "$D" ] || timeout 120 "$G/dflash" synth-drafter "$D" --preset qwen38-27b --target "$F" >/dev/null 2>&1
+  t0=$(date +%s)
+  DFLASH_STEP_TIMELINE=1 timeout 200 "$G/bench_cuda_ops" --model "$F" --drafter "$D" --model-only \
+    --out "$OUT/timeline_$TIMELINE.md" >"$OUT/timeline_$TIMELINE.log" 2>&1
+  echo "timeline $TIMELINE: exit $? in $(( $(date +%s) - t0 )) s"
+  grep -E "^decode|^verify|^draft|^###|kernels, span" "$OUT/timeline_$TIMELINE.md"
 fi
 
 if [ -n "$AB" ]; then
