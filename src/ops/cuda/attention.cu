@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_cluster_kernel(const At
   using L = AttnLayout<kVer>;
   extern __shared__ __align__(16) float sm[];
   cg::cluster_group cluster = cg::this_cluster();
-  pdl_wait(a.M == 1);
+  pdl_wait();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int rank = static_cast<int>(cluster.block_rank());
   const int g = blockIdx.y / a.hchunks, hcix = blockIdx.y - g * a.hchunks;

@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) src[k] = r * a.dim + (a.perm ? a.perm[c0 + i0 + k] : c0 + i0 + k);
   }
-  pdl_wait(gridDim.y == 1);
+  pdl_wait();
   float v[4];
   if constexpr (kMode == 2) {
     // rms_norm_gated per head: the head's hd / 4 threads are consecutive lanes (hd <= 128: a butterfly

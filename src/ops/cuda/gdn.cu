@@ -52,7 +52,7 @@ struct RecurrentArgs {
 // prepared q / k, and only blockIdx.y == 0 writes g / beta, so each value has one writer.
 template <int kRPT, bool kPrepare>  // rows per thread: head_k <= kGroups * kRPT
 __global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const RecurrentArgs args) {
-  pdl_wait(args.M == 1);
+  pdl_wait();
   constexpr int D = kGroups * kRPT;
   const float* __restrict__ q = args.q;
   const float* __restrict__ k = args.k;

@@ -394,7 +394,7 @@ mm_blocks_split_kernel(const SplitGroup grp, int64_t K, const float* __restrict_
   // The weights never come from an earlier kernel (uploaded and synchronized): the first batch's loads
   // start before pdl_wait(), while the previous kernel drains.
   load_weights(c_begin);
-  pdl_wait(R == 1 && gridDim.y == 1);
+  pdl_wait();
   for (int64_t c = c_begin;;) {
     float xv[U][R][8];
 #pragma unroll

@@ -26,7 +26,7 @@ __global__ void norm_kernel(const float* x, const float* __restrict__ w, const f
   const int T = blockDim.x;
   if (w && kMode != 1)  // the weight is a constant: its lines are on their way during the wait
     for (int64_t i = threadIdx.x * 32; i < n; i += static_cast<int64_t>(T) * 32) prefetch_l2(w + i);
-  pdl_wait(gridDim.x == 1);
+  pdl_wait();
   __shared__ float sh[32];
   const int64_t r = blockIdx.x;
   const float* xr = x + r * n;
@@ -162,7 +162,7 @@ __global__ void gdn_conv_kernel(const float* x, float* state, const float* __res
   float wc[kMaxK];
 #pragma unroll
   for (int j = 0; j < kMaxK; ++j) wc[j] = (c < C && j < K) ? w[c * K + j] : 0.0f;  // constants: before the wait
-  pdl_wait(M == 1);
+  pdl_wait();
   if (c >= C) return;
 #pragma unroll
   for (int j = 0; j < kMaxK; ++j) win[j] = (j < H) ? state[j * C + c] : 0.0f;
@@ -304,7 +304,7 @@ __global__ void attention_prep_kernel(const AttentionPrepArgs a) {
     const float* nw = blockIdx.y < a.n_head ? a.q_norm : blockIdx.y < a.n_head + a.n_head_kv ? a.k_norm : nullptr;
     if (nw && threadIdx.x * 32 < a.head_dim) prefetch_l2(nw + threadIdx.x * 32);
   }
-  pdl_wait(a.M == 1);
+  pdl_wait();
   __shared__ float sh[32];
   const int64_t m = blockIdx.x, hd = a.head_dim, half = a.n_rot / 2, kvw = a.n_head_kv * hd;
   const int64_t u = blockIdx.y;
