@@ -8,12 +8,10 @@
 // three round trips of launch latency per matmul input; an earlier fusion into one CTA per row was
 // slower (one CTA's serial chain). Here one CTA of 256 threads owns one 1024-chunk of one row, thread t
 // its elements 4t .. 4t + 3:
-//   norm mode: the chunks of a row form a thread-block cluster (dim / 1024 <= 8 CTAs); every CTA loads
-//     the whole row and sums each chunk's squares (thread t: its 4 elements by fma in order, then the
-//     warp butterfly and the 8 warp sums in a fixed tree), adds the chunk sums in chunk order and
-//     normalises its own chunk; a split cluster barrier keeps the in-place residual store after every
-//     CTA's loads (until round 8 the CTAs exchanged their chunk sums through distributed shared memory
-//     between two cluster syncs: the same bits);
+//   norm mode: the chunks of a row form a thread-block cluster (dim / 1024 <= 8 CTAs); each CTA sums
+//     its chunk's squares (thread t: its 4 elements by fma in order, then the warp butterfly and the 8
+//     warp sums in a fixed tree), the cluster adds the chunk sums in chunk order through distributed
+//     shared memory, and every CTA normalises its own chunk;
 //   swiglu / sigmoid-gate modes: no cluster (elementwise); gated norm: per head, inside the CTA.
 // Then the signs, the butterflies of prism::fwht (stage h = 1 .. 512, (a, b) -> (a + b, a - b), lower
 // index first; in registers, across lanes, then across warps through shared memory) and the 1/32
@@ -35,7 +33,6 @@ namespace cg = cooperative_groups;
 
 constexpr int kChunk = 1024;   // rotation block this kernel handles
 constexpr int kThreads = 256;  // 8 warps: one 128-element quantization block each
-constexpr int kMaxNormChunks = 8;  // the norm chain's row: at most 8 chunks (one cluster, portable size)
 
 struct ChainArgs {
   const float* gx;     // gated norm, sigmoid gate: the input [rows, dim] (heads of head_dim)
@@ -96,7 +93,7 @@ template <int kMode>
 __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
   __shared__ __align__(16) float buf[kChunk];
   __shared__ float wsum[kThreads / 32];
-  __shared__ float chunk_ws[kMaxNormChunks][kThreads / 32];  // kMode 0: per chunk of the row, its warps' sums
+  __shared__ float chunk_ss;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int chunk = blockIdx.x;
   const int64_t r = blockIdx.y;
@@ -115,7 +112,6 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
   }
   pdl_wait();
   float v[4];
-  float own[4], nv[4];  // kMode 0: this chunk of x + res, and of n (stored after the cluster barrier)
   if constexpr (kMode == 2) {
     // rms_norm_gated per head: the head's hd / 4 threads are consecutive lanes (hd <= 128: a butterfly
     // over them) or whole warps (hd > 128: warp sums, then the head's warps in order).
@@ -143,53 +139,33 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
       v[k] = q * wv[k] * silu_f(a.z[src[k]]);
     }
   } else if constexpr (kMode == 0) {
-    // The row's sum of squares without exchanging partial sums between the cluster's CTAs: every CTA
-    // loads the whole row (x + res, all chunks) and sums each chunk with the chunk owner's tree (4
-    // elements per thread, the warp butterfly, warps ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))), then the
-    // chunks in order: the bits of the exchange it replaces (two cluster-wide syncs and the remote
-    // reads). x is updated in place, so no CTA may store before every CTA of the row has loaded: a split
-    // cluster barrier, arrive after the loads, wait before the stores at the end (long satisfied by then).
-    const int nchunks = static_cast<int>(a.dim / kChunk);
-    float u[kMaxNormChunks][4];
-#pragma unroll
-    for (int c = 0; c < kMaxNormChunks; ++c)
-      if (c < nchunks) ld4(a.x + r * a.dim + c * kChunk + i0, u[c]);
+    ld4(a.x + base + i0, v);
     if (a.res) {
+      float rv[4];
+      ld4(a.res + base + i0, rv);
 #pragma unroll
-      for (int c = 0; c < kMaxNormChunks; ++c)
-        if (c < nchunks) {
-          float rv[4];
-          ld4(a.res + r * a.dim + c * kChunk + i0, rv);
-#pragma unroll
-          for (int k = 0; k < 4; ++k) u[c][k] = u[c][k] + rv[k];
-        }
+      for (int k = 0; k < 4; ++k) v[k] = v[k] + rv[k];
+      st4(a.x + base + i0, v);
     }
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    float ss = 0.0f;
 #pragma unroll
-    for (int c = 0; c < kMaxNormChunks; ++c)
-      if (c < nchunks) {
-        float ss = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) ss = fmaf(u[c][k], u[c][k], ss);
-        ss = warp_sum(ss);
-        if (lane == 0) chunk_ws[c][warp] = ss;
-        if (c == chunk)
-#pragma unroll
-          for (int k = 0; k < 4; ++k) own[k] = u[c][k];
-      }
+    for (int k = 0; k < 4; ++k) ss = fmaf(v[k], v[k], ss);
+    ss = warp_sum(ss);
+    if (lane == 0) wsum[warp] = ss;
     __syncthreads();
+    if (tid == 0) chunk_ss = ((wsum[0] + wsum[1]) + (wsum[2] + wsum[3])) + ((wsum[4] + wsum[5]) + (wsum[6] + wsum[7]));
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every chunk's sum is published
     float tot = 0.0f;
-    for (int c = 0; c < nchunks; ++c) {
-      const float* w8 = chunk_ws[c];
-      tot += ((w8[0] + w8[1]) + (w8[2] + w8[3])) + ((w8[4] + w8[5]) + (w8[6] + w8[7]));
-    }
+    for (unsigned s = 0; s < cluster.num_blocks(); ++s) tot += *cluster.map_shared_rank(&chunk_ss, s);
+    cluster.sync();  // no CTA leaves (or reuses chunk_ss) while another still reads it
     const float inv = 1.0f / sqrtf(tot / static_cast<float>(a.dim) + a.eps);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const float q = own[k] * inv;
+      const float q = v[k] * inv;
       v[k] = a.w ? q * wv[k] : q;
-      nv[k] = v[k];
     }
+    st4(a.n + base + i0, v);
   } else if constexpr (kMode == 1) {
     float g[4], u[4];
     ld4(a.gate + base + i0, g);
@@ -241,11 +217,6 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
   constexpr float kScale = 0.03125f;  // 1 / sqrt(1024), exact
   const float sc = a.rotate ? kScale : 1.0f;  // x 1 is exact: without rotation the values as they are
   float e4[4] = {__fmul_rn(v[0], sc), __fmul_rn(v[1], sc), __fmul_rn(v[2], sc), __fmul_rn(v[3], sc)};
-  if constexpr (kMode == 0) {
-    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");  // every CTA of the row has loaded
-    if (a.res) st4(a.x + base + i0, own);
-    st4(a.n + base + i0, nv);
-  }
   if (a.y) st4(a.y + base + i0, e4);
   if (!a.xq) return;  // prefill: the next matmul is the bf16 tensor-core GEMM, which reads y itself
   const int64_t blk = r * (a.dim / 128) + c0 / 128 + warp;
@@ -260,7 +231,7 @@ bool gated_chain_supported(int64_t dim, int64_t block, int64_t head_dim) {
 }
 
 bool chain_supported(int64_t dim, int64_t block, bool norm) {
-  return (block == kChunk || block == 0) && dim > 0 && dim % kChunk == 0 && (!norm || dim / kChunk <= kMaxNormChunks);
+  return (block == kChunk || block == 0) && dim > 0 && dim % kChunk == 0 && (!norm || dim / kChunk <= 8);
 }
 
 void launch_norm_rotate_quantize(float* x, const float* res, const float* w, float* n, const float* signs, float* y,
