@@ -403,6 +403,43 @@ TEST(CudaOps, PlainChainQuantizationFeedsTheMatmul) {
   }
 }
 
+// ---- copy -----------------------------------------------------------------------------------------
+// Backend::copy runs as a kernel (16-, 4- or 1-byte elements by the alignment of both pointers and the
+// size): every byte of the range arrives, nothing around it is touched.
+TEST(CudaOps, CopyEveryAlignment) {
+  REQUIRE_GPU();
+  const size_t kBuf = 3u << 20;
+  std::vector<uint8_t> src(kBuf), ref(kBuf, 0xA5);
+  std::mt19937 rng(7);
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  auto* dsrc = static_cast<uint8_t*>(gpu().alloc(kBuf));
+  auto* ddst = static_cast<uint8_t*>(gpu().alloc(kBuf));
+  gpu().upload(dsrc, src.data(), kBuf);
+  struct C {
+    size_t dst_off, src_off, bytes;
+  };
+  // 16-aligned (the GDN state's size), 4-aligned, odd offsets and sizes, one byte
+  const C cases[] = {{0, 0, 3145728}, {64, 128, 4096}, {4, 8, 1000}, {3, 5, 777}, {1, 0, 1}, {16, 32, 17}};
+  bool ok = true;
+  std::string where;
+  for (const C& c : cases) {
+    std::vector<uint8_t> out(kBuf);
+    gpu().upload(ddst, ref.data(), kBuf);
+    gpu().copy(ddst + c.dst_off, dsrc + c.src_off, c.bytes);
+    gpu().download(out.data(), ddst, kBuf);
+    std::vector<uint8_t> want = ref;
+    std::memcpy(want.data() + c.dst_off, src.data() + c.src_off, c.bytes);
+    if (out != want) {
+      ok = false;
+      where += fmt::format(" ({}, {}, {})", c.dst_off, c.src_off, c.bytes);
+    }
+  }
+  gpu().release(dsrc);
+  gpu().release(ddst);
+  record({"copy", "16-, 4-, 1-byte paths", 0, 0, 0, ok, ok ? std::string("bytes equal, guards intact") : "differs at" + where});
+  EXPECT_TRUE(ok) << where;
+}
+
 // ---- Hadamard -------------------------------------------------------------------------------------
 
 TEST(CudaOps, Hadamard) {

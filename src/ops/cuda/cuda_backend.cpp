@@ -130,7 +130,7 @@ class CudaBackend final : public Backend {
     if (!bytes || dst == src) return;
     const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
     DFLASH_CHECK(d + bytes <= s || s + bytes <= d, "cuda copy: overlapping ranges ({} bytes)", bytes);
-    DFLASH_CUDA_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    cuda::launch_copy(dst, src, bytes, stream_);  // a kernel: it keeps a step graph's PDL chain
     after("copy");
   }
   void fill_zero(void* dst, size_t bytes) override {

@@ -116,6 +116,8 @@ void launch_rms_norm_gated(const float* x, const float* w, const float* z, float
 void launch_add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s);
 void launch_swiglu(const float* g, const float* u, float* y, int64_t n, cudaStream_t s);
 void launch_mul_sigmoid(const float* x, const float* g, float* y, int64_t n, cudaStream_t s);
+// Device-to-device copy of `bytes` (non-overlapping) as a PDL kernel (Backend::copy).
+void launch_copy(void* dst, const void* src, size_t bytes, cudaStream_t s);
 void launch_copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                       int64_t cols, cudaStream_t s);
 void launch_scatter_rows(float* dst, int64_t dst_stride, int64_t dst_rows, const int32_t* idx, const float* src,
