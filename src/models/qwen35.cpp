@@ -508,7 +508,6 @@ void Qwen35Model::gdn_block(int il, const float* n, const float* nin, float* y, 
   if (undoable) {
     be_.copy(s.conv_state_before, s.conv_state, conv_state_bytes());
     be_.copy(s.conv_inputs, big0_, sizeof(float) * M * C);
-    be_.copy(s.ssm_state_before, s.ssm_state, ssm_state_bytes());
   }
   be_.gdn_conv(big0_, s.conv_state, w.conv1d, big1_, M, C, K);  // silu(conv) [M, C]
   // One conv row is [q | k | v]: the recurrence reads the three pieces with row stride C.
@@ -522,8 +521,9 @@ void Qwen35Model::gdn_block(int il, const float* n, const float* nin, float* y, 
   } else {
     // decode and verify: norms, gates and recurrence in one op. An undoable forward keeps the
     // recurrence's inputs per layer (rollback replays gdn_recurrent on them): the op leaves the
-    // prepared q, k, g, beta and a packed copy of v in the undo buffers.
-    const Backend::GdnPrepared undo{s.undo_q, s.undo_k, s.undo_g, s.undo_beta, s.undo_v};
+    // prepared q, k, g, beta, a packed copy of v and the state before the rows (the replay's starting
+    // point) in the undo buffers.
+    const Backend::GdnPrepared undo{s.undo_q, s.undo_k, s.undo_g, s.undo_beta, s.undo_v, s.ssm_state_before};
     be_.gdn_prepare_recurrent({q, C, k, C, v, C, a_, b_, w.dt_bias, w.ssm_a}, s.ssm_state, attn_,
                               undoable ? &undo : nullptr, M, shape);
   }

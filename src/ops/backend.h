@@ -291,6 +291,10 @@ class Backend {
     float* g = nullptr;     // [M, n_v_heads]
     float* beta = nullptr;  // [M, n_v_heads]
     float* v = nullptr;     // optional: [M, n_v_heads*head_v], a packed copy of in.v (the replay's v)
+    // optional: [n_v_heads, head_k, head_v] receives the state as it was before the rows (the undo
+    // checkpoint the replay starts from); must not overlap state. CUDA writes it from the registers the
+    // recurrence loads anyway (no copy launch).
+    float* state_before = nullptr;
   };
   static constexpr float kGdnL2Eps = 1e-6f;  // the eps of GDN's q/k l2 norms
   // The recurrence with its inputs prepared in the same op, for decode and verify (CUDA: one kernel

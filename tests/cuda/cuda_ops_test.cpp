@@ -708,7 +708,8 @@ TEST(CudaOps, GdnPrepareRecurrent) {
     Buf<float> xc(cpu(), conv), ac(cpu(), a), bc(cpu(), b), dc(cpu(), dt), sac(cpu(), sa), sc(cpu(), st0),
         oc(cpu(), M * nv), pqc(cpu(), M * nqk), pkc(cpu(), M * nqk), pgc(cpu(), M * Hv), pbc(cpu(), M * Hv),
         pvc(cpu(), M * nv);
-    const Backend::GdnPrepared prep_g{pqg, pkg, pgg, pbg, pvg}, prep_c{pqc, pkc, pgc, pbc, pvc};
+    Buf<float> sbg(gpu(), hs), sbc(cpu(), hs);  // the state before the rows (the undo checkpoint)
+    const Backend::GdnPrepared prep_g{pqg, pkg, pgg, pbg, pvg, sbg}, prep_c{pqc, pkc, pgc, pbc, pvc, sbc};
     gpu().gdn_prepare_recurrent(raw(xg, ag, bg, dg, sag), sg, og, &prep_g, M, s);
     cpu().gdn_prepare_recurrent(raw(xc, ac, bc, dc, sac), sc, oc, &prep_c, M, s);
     const auto out = og.get(), st = sg.get(), pq = pqg.get(), pk = pkg.get(), pg = pgg.get(), pb = pbg.get();
@@ -719,6 +720,7 @@ TEST(CudaOps, GdnPrepareRecurrent) {
     check("gdn_prepare_recurrent prepared g", shp, pg, pgc.get(), 1e-11, pgg.guard_ok());
     check("gdn_prepare_recurrent prepared beta", shp, pb, pbc.get(), 1e-11, pbg.guard_ok());
     check("gdn_prepare_recurrent prepared v (packed copy)", shp, pvg.get(), pvc.get(), 0, pvg.guard_ok());
+    check("gdn_prepare_recurrent state before the rows", shp, sbg.get(), st0, 0, sbg.guard_ok());
     {  // the inputs are read only
       const bool same = bits(xg.get(), conv) && bits(ag.get(), a) && bits(bg.get(), b);
       record({"gdn_prepare_recurrent inputs unchanged", shp, 0, 0, 0, same,

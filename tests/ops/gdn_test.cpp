@@ -240,9 +240,11 @@ TEST(CpuGdnPrepareRecurrent, EqualsOpSequenceBitForBit) {
         // the op, with and without `prepared`; the inputs stay as they were
         const auto conv_in = conv, qp_in = qp, kp_in = kp, vp_in = vp;
         std::vector<float> pq(M * nqk), pk(M * nqk), pg(M * Hv), pb(M * Hv), pv(M * nv, -1.0f);
-        const Backend::GdnPrepared prep{pq.data(), pk.data(), pg.data(), pb.data(), pv.data()};
+        std::vector<float> before(state0.size(), -1.0f);
+        const Backend::GdnPrepared prep{pq.data(), pk.data(), pg.data(), pb.data(), pv.data(), before.data()};
         std::vector<float> st = state0, out(M * nv, -1.0f);
         be->gdn_prepare_recurrent(in, st.data(), out.data(), &prep, M, s);
+        EXPECT_TRUE(same_bits(before.data(), state0.data(), before.size())) << "the state before the rows";
         EXPECT_TRUE(same_bits(out.data(), out_ref.data(), out.size())) << "out";
         EXPECT_TRUE(same_bits(st.data(), st_ref.data(), st.size())) << "state";
         EXPECT_TRUE(same_bits(pq.data(), q.data(), q.size())) << "prepared q";

@@ -117,6 +117,8 @@ void CpuBackend::gdn_prepare_recurrent(const GdnRawInputs& in, float* state, flo
                "cpu gdn_prepare_recurrent: row strides q {} k {} v {} below the row widths {} / {}", in.q_stride,
                in.k_stride, in.v_stride, nqk, nv);
   const auto sz = [](int64_t n) { return static_cast<size_t>(n); };
+  if (prepared && prepared->state_before)
+    std::memcpy(prepared->state_before, state, sz(Hv * dk * dv) * sizeof(float));
   std::vector<float> scratch(prepared ? 0 : sz(M * (2 * nqk + 2 * Hv)));
   float* q = prepared ? prepared->q : scratch.data();
   float* k = prepared ? prepared->k : q + M * nqk;

@@ -613,8 +613,8 @@ class CudaBackend final : public Backend {
                  "cuda gdn_prepare_recurrent: prepared needs all four buffers (q, k, g, beta)");
     cuda::launch_gdn_prepare_recurrent(in.q, in.q_stride, in.k, in.k_stride, in.v, in.v_stride, in.a, in.b, in.dt_bias,
                                        in.ssm_a, kGdnL2Eps, 1.0f / std::sqrt(static_cast<float>(s.head_k)), state, out,
-                                       p.q, p.k, p.g, p.beta, p.v, M, s.n_k_heads, s.n_v_heads, s.head_k, s.head_v,
-                                       stream_);
+                                       p.q, p.k, p.g, p.beta, p.v, p.state_before, M, s.n_k_heads, s.n_v_heads,
+                                       s.head_k, s.head_v, stream_);
     after("gdn_prepare_recurrent");
   }
   // Prefill: the chunked WY kernels (gdn_chunked.cu) for heads up to 128, else the recurrence (allowed

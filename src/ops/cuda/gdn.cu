@@ -38,6 +38,7 @@ struct RecurrentArgs {
   float* pg;
   float* pbeta;
   float* pv;  // kPrepare: null, or a packed copy of v [M, Hv*dv] (each CTA writes its own 32 columns)
+  float* state_before;  // kPrepare: null, or receives the state before the rows (each CTA its columns)
   int64_t M;
   int Hk, Hv, dk, dv;
 };
@@ -80,6 +81,15 @@ __global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const Recur
     const int i = grp + kGroups * r;
     S[r] = (col_ok && i < dk) ? S0[static_cast<int64_t>(i) * dv + j] : 0.0f;
   }
+  if constexpr (kPrepare)
+    if (args.state_before && col_ok) {  // the undo checkpoint, from the registers (no copy launch)
+      float* B0 = args.state_before + p * head_state;
+#pragma unroll
+      for (int r = 0; r < kRPT; ++r) {
+        const int i = grp + kGroups * r;
+        if (i < dk) B0[static_cast<int64_t>(i) * dv + j] = S[r];
+      }
+    }
 
   for (int64_t m0 = 0; m0 < M; m0 += kStageRows) {
     const int rows = static_cast<int>(M - m0 < kStageRows ? M - m0 : kStageRows);
@@ -226,7 +236,7 @@ void launch_gdn_prepare_recurrent(const float* q, int64_t q_stride, const float*
                                   int64_t v_stride, const float* a, const float* b, const float* dt_bias,
                                   const float* ssm_a, float eps, float q_scale, float* state, float* out,
                                   float* prep_q, float* prep_k, float* prep_g, float* prep_beta, float* prep_v,
-                                  int64_t M,
+                                  float* state_before, int64_t M,
                                   int64_t n_k_heads, int64_t n_v_heads, int64_t head_k, int64_t head_v,
                                   cudaStream_t s) {
   RecurrentArgs r{};
@@ -236,6 +246,7 @@ void launch_gdn_prepare_recurrent(const float* q, int64_t q_stride, const float*
   r.eps = eps, r.q_scale = q_scale;
   r.state = state, r.out = out, r.snapshots = nullptr;
   r.pq = prep_q, r.pk = prep_k, r.pg = prep_g, r.pbeta = prep_beta, r.pv = prep_v;
+  r.state_before = state_before;
   r.M = M;
   r.Hk = static_cast<int>(n_k_heads), r.Hv = static_cast<int>(n_v_heads);
   r.dk = static_cast<int>(head_k), r.dv = static_cast<int>(head_v);

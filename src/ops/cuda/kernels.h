@@ -194,7 +194,7 @@ void launch_gdn_prepare_recurrent(const float* q, int64_t q_stride, const float*
                                   int64_t v_stride, const float* a, const float* b, const float* dt_bias,
                                   const float* ssm_a, float eps, float q_scale, float* state, float* out,
                                   float* prep_q, float* prep_k, float* prep_g, float* prep_beta, float* prep_v,
-                                  int64_t M,
+                                  float* state_before, int64_t M,
                                   int64_t n_k_heads, int64_t n_v_heads, int64_t head_k, int64_t head_v,
                                   cudaStream_t s);
 constexpr int64_t kGdnMaxHeadK = 256;
