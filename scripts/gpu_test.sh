@@ -30,9 +30,10 @@
 #       $OUT/timeline_TYPE.md.
 #
 #   scripts/gpu_test.sh --stage-ab NAME
-#       on the build machine: packs the current build's bench_cuda_ops and dflash (stripped, with their
-#       libraries) as build-cuda/gpu_NAME.tgz (~16 MB), a second build to compare on the same GPU machine
-#       (a change without a runtime switch: stage-ab the old tree, then stage the new one; carry both).
+#       on the build machine: packs the current build's bench_cuda_ops (stripped, with its libraries;
+#       dflash too with AB_DFLASH=1) as build-cuda/gpu_NAME.tgz (~9 MB), a second build to compare on the
+#       same GPU machine (a change without a runtime switch: stage the old tree and --stage-ab it, then
+#       stage the new one; carry both .tgz).
 #   scripts/gpu_test.sh --ab NAME [--ab-runs N]   (with --dflash-bench TYPE, or after it on the machine)
 #       on the GPU machine: alternates the current build and gpu_NAME N times (default 2) on the 27B pair:
 #       bench_cuda_ops --model-only (decode, verify, draft) and dflash bench pp512.
@@ -55,7 +56,9 @@ if [ "${1:-}" = "--stage-ab" ]; then
   T=$(mktemp -d)
   mkdir -p "$T/gpu_$NAME/lib"
   cp "$G/bench_cuda_ops" "$G/COMMIT" "$T/gpu_$NAME/"
-  [ -f "$G/dflash" ] && cp "$G/dflash" "$T/gpu_$NAME/"
+  # dflash (pp512 in --ab) only with AB_DFLASH=1: with it the pack is ~18 MB, and the tree (~26 MB),
+  # gpu.tgz (~26 MB) and the pack no longer fit the device tool's 64 MiB carry
+  [ "${AB_DFLASH:-0}" = 1 ] && [ -f "$G/dflash" ] && cp "$G/dflash" "$T/gpu_$NAME/"
   cp "$G"/lib/* "$T/gpu_$NAME/lib/" 2>/dev/null || true
   strip "$T/gpu_$NAME/bench_cuda_ops" "$T/gpu_$NAME/dflash" 2>/dev/null || true
   tar czf "$BD/gpu_$NAME.tgz" -C "$T" "gpu_$NAME"
@@ -108,7 +111,10 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-OUT=${OUT:-$PWD/out-gpu}
+# Every log and table goes to ./out-gpu. When the device tool's $OUT is set (it returns at most 8 files),
+# the end of the run copies the tables there (at most 7) and packs every log into $OUT/gpu_logs.tgz.
+DEST=${OUT:-}
+OUT=$PWD/out-gpu
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$G/lib:${LD_LIBRARY_PATH:-}"
 [ -x "$G/test_cuda" ] || [ ! -f $BD/gpu.tgz ] || tar xzf $BD/gpu.tgz -C $BD
@@ -240,4 +246,13 @@ echo "================ summary"
 [ -f "$OUT/test_cuda_table.md" ] && { grep -E "FAIL" "$OUT/test_cuda_table.md" | head -20; tail -1 "$OUT/test_cuda_table.md"; }
 [ -f "$OUT/bench.md" ] && cat "$OUT/bench.md"
 for f in "$OUT"/bench_model_*.md; do [ -f "$f" ] && cat "$f"; done
+if [ -n "$DEST" ] && [ "$(cd "$DEST" 2>/dev/null && pwd -P)" != "$(cd "$OUT" && pwd -P)" ]; then
+  mkdir -p "$DEST"
+  n=0
+  for f in "$OUT"/test_cuda_table.md "$OUT"/dflash_bench_*.md "$OUT"/timeline_*.md "$OUT"/step_breakdown_*.md \
+    "$OUT"/ab_*.txt "$OUT"/env_ab.txt "$OUT"/bench.md "$OUT"/bench_model_*.md; do
+    [ -f "$f" ] && [ $n -lt 7 ] && cp "$f" "$DEST/" && n=$((n + 1))
+  done
+  tar czf "$DEST/gpu_logs.tgz" -C "$OUT" . && echo "logs: $DEST/gpu_logs.tgz; tables: $n in $DEST"
+fi
 exit $rc
