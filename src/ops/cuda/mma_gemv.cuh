@@ -48,6 +48,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/xq_record.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -56,7 +57,7 @@ namespace cg = cooperative_groups;
 
 constexpr int kTilesPerCta = 4;    // 16-row tiles per CTA (64 weight rows)
 constexpr int kCols = 8;           // activation rows per CTA (the n of the mma)
-constexpr int kXqBytes = 3 * 128;  // one (row, block) of quantized activations: 3 digit planes
+constexpr int kXqBytes = kXqRecordBytes;  // one (row, block) of quantized activations: 3 digit planes
 constexpr int kXqMeta = 16;        // and its S0, S1, S2, 2^(E-16)
 
 // ---- activation quantizer: one CTA of 128 threads per (row, block) ---------------------------------
@@ -78,14 +79,9 @@ __global__ void __launch_bounds__(128) quantize_x24_kernel(const float* __restri
   if (lane == 0) smax[warp] = amax;
   __syncthreads();
   amax = fmaxf(fmaxf(smax[0], smax[1]), fmaxf(smax[2], smax[3]));
-  int ex = 0;
-  if (amax > 0.0f && isfinite(amax)) frexpf(amax, &ex);  // amax = f 2^ex, f in [0.5, 1)
-  const int E = ex - 6;                                   // |x| / 2^E < 64
-  const int u = __float2int_rn(ldexpf(v, 16 - E));         // |u| < 2^22, exact product
-  const int d2 = static_cast<int8_t>(u & 0xff);
-  const int u1 = (u - d2) >> 8;
-  const int d1 = static_cast<int8_t>(u1 & 0xff);
-  const int d0 = (u1 - d1) >> 8;  // |d0| <= 64
+  const int E = x24_exponent(amax);  // |x| / 2^E < 64
+  int d0, d1, d2;
+  x24_digits(v, E, d0, d1, d2);
   const int j = k >> 5, h = (k >> 4) & 1, t = (k >> 2) & 3, e = k & 3;
   uint8_t* rec = xq + (m * nblk + b) * kXqBytes + t * 32 + (2 * j + h) * 4 + e;
   rec[0] = static_cast<uint8_t>(d0);

@@ -12,22 +12,31 @@ namespace dflash::cuda {
 
 constexpr int kXqRecordBytes = 384;  // 3 digit planes of 128 bytes
 
+// E of a block whose largest |x| is amax: amax 2^-E lies in [32, 64) (E = -6 for a zero or non-finite amax).
+__device__ __forceinline__ int x24_exponent(float amax) {
+  int ex = 0;
+  if (amax > 0.0f && isfinite(amax)) frexpf(amax, &ex);  // amax = f 2^ex, f in [0.5, 1)
+  return ex - 6;
+}
+// u = rint(x 2^(16-E)) (|u| < 2^22) as three signed bytes, u = 65536 d0 + 256 d1 + d2 (|d0| <= 64).
+__device__ __forceinline__ void x24_digits(float x, int E, int& d0, int& d1, int& d2) {
+  const int u = __float2int_rn(ldexpf(x, 16 - E));
+  d2 = static_cast<int8_t>(u & 0xff);
+  const int u1 = (u - d2) >> 8;
+  d1 = static_cast<int8_t>(u1 & 0xff);
+  d0 = (u1 - d1) >> 8;
+}
+
 // Lane L holds elements 4L .. 4L + 3 of the block in e4; rec: the block's 384-byte record; meta: its 4 ints.
 __device__ __forceinline__ void warp_quantize_x24(const float (&e4)[4], int lane, uint8_t* rec, int32_t* meta) {
   float amax = fmaxf(fmaxf(fabsf(e4[0]), fabsf(e4[1])), fmaxf(fabsf(e4[2]), fabsf(e4[3])));
-  amax = warp_max(amax);
-  int ex = 0;
-  if (amax > 0.0f && isfinite(amax)) frexpf(amax, &ex);  // amax = f 2^ex, f in [0.5, 1)
-  const int E = ex - 6;
+  const int E = x24_exponent(warp_max(amax));
   uint32_t plane[3] = {0, 0, 0};
   int s[3] = {0, 0, 0};
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    const int u = __float2int_rn(ldexpf(e4[e], 16 - E));  // |u| < 2^22
-    const int d2 = static_cast<int8_t>(u & 0xff);
-    const int u1 = (u - d2) >> 8;
-    const int d1 = static_cast<int8_t>(u1 & 0xff);
-    const int d0 = (u1 - d1) >> 8;
+    int d0, d1, d2;
+    x24_digits(e4[e], E, d0, d1, d2);
     plane[0] |= static_cast<uint32_t>(d0 & 0xff) << (8 * e);
     plane[1] |= static_cast<uint32_t>(d1 & 0xff) << (8 * e);
     plane[2] |= static_cast<uint32_t>(d2 & 0xff) << (8 * e);
