@@ -50,6 +50,13 @@ __global__ void stream_weights_kernel(const StreamRanges r, int nr, unsigned* __
 
 __global__ void empty_kernel() { pdl_wait(); }
 
+int current_sm_count() {
+  int dev = 0, sms = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  return sms;
+}
+
 }  // namespace
 
 void launch_empty(cudaStream_t s) { launch_pdl(empty_kernel, dim3(1), dim3(32), 0, s); }
@@ -61,17 +68,11 @@ void launch_stream_weights(const void* const* src, const size_t* n16, int n, uns
     r.src[k] = static_cast<const uint4*>(src[k]);
     r.n[k] = n16[k];
   }
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  launch_pdl(stream_weights_kernel, dim3(sms * 4), dim3(512), 0, s, r, n, sink);
+  launch_pdl(stream_weights_kernel, dim3(current_sm_count() * 4), dim3(512), 0, s, r, n, sink);
 }
 
 void launch_read_kernel(const void* src, size_t n16, unsigned* sink, cudaStream_t s) {
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  read_kernel<<<sms * 8, 512, 0, s>>>(static_cast<const uint4*>(src), n16, sink);
+  read_kernel<<<current_sm_count() * 8, 512, 0, s>>>(static_cast<const uint4*>(src), n16, sink);
 }
 
 }  // namespace dflash::cuda
