@@ -127,6 +127,15 @@ export LD_LIBRARY_PATH="$PWD/$G/lib:${LD_LIBRARY_PATH:-}"
 cat "$OUT/env.txt"
 
 rc=0
+# The synthetic 27B target of type $1 (/tmp/bonsai27-$1.gguf) and, unless $2 = target-only, the 27B-shaped
+# drafter (/tmp/drafter27.gguf), each written only when missing (a warm machine keeps /tmp).
+ensure_27b() {
+  local f=/tmp/bonsai27-$1.gguf
+  [ -f "$f" ] || timeout 200 "$G/dflash" synth "$f" --preset bonsai-27b --type "$1" >"$OUT/synth_$1.log" 2>&1
+  [ "${2:-}" = target-only ] || [ -f /tmp/drafter27.gguf ] ||
+    timeout 120 "$G/dflash" synth-drafter /tmp/drafter27.gguf --preset qwen38-27b --target "$f" \
+      >"$OUT/synth_drafter.log" 2>&1
+}
 if [ $RUN_TEST = 1 ]; then
   t0=$(date +%s)
   DFLASH_CUDA_REPORT="$OUT/test_cuda_table.md" timeout 600 "$G/test_cuda" --gtest_brief=1 >"$OUT/test_cuda.log" 2>&1
@@ -158,8 +167,7 @@ if [ -n "$DBENCH" ]; then
   # `dflash bench` on the synthetic 27B pair: target of type $DBENCH + the 27B-shaped drafter.
   F=/tmp/bonsai27-$DBENCH.gguf D=/tmp/drafter27.gguf
   t0=$(date +%s)
-  [ -f "$F" ] || timeout 200 "$G/dflash" synth "$F" --preset bonsai-27b --type "$DBENCH" >"$OUT/synth_$DBENCH.log" 2>&1
-  [ -f "$D" ] || timeout 120 "$G/dflash" synth-drafter "$D" --preset qwen38-27b --target "$F" >"$OUT/synth_drafter.log" 2>&1
+  ensure_27b "$DBENCH"
   echo "synth pair $DBENCH: $(( $(date +%s) - t0 )) s"
   t0=$(date +%s)
   timeout 300 "$G/dflash" bench --device cuda -m "$F" -d "$D" -p 512 -n "$TOKENS" -r "${DBENCH_REPS:-2}" ${DBENCH_ARGS:-} \
@@ -177,11 +185,11 @@ fi
 if [ -n "$PROFILE" ]; then
   # Per-kernel breakdown of one decode step of the synthetic 27B target of type $PROFILE (ncu).
   F=/tmp/bonsai27-$PROFILE.gguf
-  [ -f "$F" ] || timeout 200 "$G/dflash" synth "$F" --preset bonsai-27b --type "$PROFILE" >/dev/null 2>&1
+  ensure_27b "$PROFILE" target-only
   t0=$(date +%s)
   DARG=()
   if [ "$PROFILE_KIND" = draft ]; then
-    [ -f /tmp/drafter27.gguf ] || timeout 120 "$G/dflash" synth-drafter /tmp/drafter27.gguf --preset qwen38-27b --target "$F" >/dev/null 2>&1
+    ensure_27b "$PROFILE"
     DARG=(--drafter /tmp/drafter27.gguf)
   fi
   DFLASH_PROFILE_STEP=$PROFILE_KIND timeout 300 ncu --profile-from-start off --metrics gpu__time_duration.sum,dram__bytes.sum \
@@ -198,8 +206,7 @@ fi
 
 if [ -n "$TIMELINE" ]; then
   F=/tmp/bonsai27-$TIMELINE.gguf D=/tmp/drafter27.gguf
-  [ -f "$F" ] || timeout 200 "$G/dflash" synth "$F" --preset bonsai-27b --type "$TIMELINE" >/dev/null 2>&1
-  [ -f "$D" ] || timeout 120 "$G/dflash" synth-drafter "$D" --preset qwen38-27b --target "$F" >/dev/null 2>&1
+  ensure_27b "$TIMELINE"
   t0=$(date +%s)
   DFLASH_STEP_TIMELINE=1 timeout 200 "$G/bench_cuda_ops" --model "$F" --drafter "$D" --model-only \
     --out "$OUT/timeline_$TIMELINE.md" >"$OUT/timeline_$TIMELINE.log" 2>&1
@@ -210,8 +217,7 @@ fi
 if [ -n "$AB" ]; then
   # The current build against gpu_$AB (--stage-ab), alternating, on the 27B pair (written if missing).
   F=/tmp/bonsai27-${DBENCH:-ptq1_0}.gguf D=/tmp/drafter27.gguf
-  [ -f "$F" ] || timeout 200 "$G/dflash" synth "$F" --preset bonsai-27b --type "${DBENCH:-ptq1_0}" >/dev/null 2>&1
-  [ -f "$D" ] || timeout 120 "$G/dflash" synth-drafter "$D" --preset qwen38-27b --target "$F" >/dev/null 2>&1
+  ensure_27b "${DBENCH:-ptq1_0}"
   [ -d "$BD/gpu_$AB" ] || tar xzf "$BD/gpu_$AB.tgz" -C "$BD"
   for i in $(seq 1 "$AB_RUNS"); do
     for B in "$G" "$BD/gpu_$AB"; do
@@ -227,8 +233,7 @@ fi
 if [ -n "$ENVAB" ]; then
   # Runtime switches of one build against its defaults, alternating, on the 27B pair.
   F=/tmp/bonsai27-${DBENCH:-ptq1_0}.gguf D=/tmp/drafter27.gguf
-  [ -f "$F" ] || timeout 200 "$G/dflash" synth "$F" --preset bonsai-27b --type "${DBENCH:-ptq1_0}" >/dev/null 2>&1
-  [ -f "$D" ] || timeout 120 "$G/dflash" synth-drafter "$D" --preset qwen38-27b --target "$F" >/dev/null 2>&1
+  ensure_27b "${DBENCH:-ptq1_0}"
   IFS=';' read -r -a SETS <<<"$ENVAB"
   for i in $(seq 1 "$AB_RUNS"); do
     for E in "" "${SETS[@]}"; do
