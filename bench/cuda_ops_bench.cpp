@@ -120,7 +120,7 @@ void bench_gdn_prefill(Backend& be, Out& out) {
            "chunked x 48 layers ms | GDN-only tok/s (48 layers) |");
   out.line("|---|---|---|---|---|---|---|");
   for (int64_t M : {64, 128, 256, 512}) {
-    const double rec = 1e3 * cuda::time_ms(be, 3, 20, [&] { be.gdn_recurrent(q, k, v, g, b, st, o, nullptr, M, s); });
+    const double rec = 1e3 * cuda::time_ms(be, 3, 20, [&] { be.gdn_recurrent(q, k, v, g, b, st, st, o, nullptr, M, s); });
     const double chk = 1e3 * cuda::time_ms(be, 3, 20, [&] { be.gdn_chunked(q, k, v, g, b, st, o, M, s); });
     out.line(fmt::format("| gdn_chunked vs gdn_recurrent | {} | {:.1f} | {:.1f} | {:.1f}x | {:.2f} | {:.0f} |", M, rec,
                          chk, rec / chk, kLayers * chk * 1e-3, M / (kLayers * chk * 1e-6)));
@@ -438,8 +438,8 @@ int main(int argc, char** argv) {
         float* b = dev_rand(8 * 48, 0.1f);
         float* o = dev_rand(8 * 48 * 128);
         float* snaps = dev_rand(8 * 48 * 128 * 128);
-        row("gdn_recurrent", "M=1, 48 heads 128x128", [&] { be->gdn_recurrent(q, k, v, g, b, st, o, nullptr, 1, s); });
-        row("gdn_recurrent", "M=8 + snapshots", [&] { be->gdn_recurrent(q, k, v, g, b, st, o, snaps, 8, s); });
+        row("gdn_recurrent", "M=1, 48 heads 128x128", [&] { be->gdn_recurrent(q, k, v, g, b, st, st, o, nullptr, 1, s); });
+        row("gdn_recurrent", "M=8 + snapshots", [&] { be->gdn_recurrent(q, k, v, g, b, st, st, o, snaps, 8, s); });
         {  // the decode / verify op from raw conv rows [M, 10240] (q | k | v), and the ops it replaces
           const int64_t C = 2 * 16 * 128 + 48 * 128;
           float* cv = dev_rand(8 * C);
@@ -460,13 +460,13 @@ int main(int argc, char** argv) {
             be->l2_norm(cv, pq, 16, 128, 1e-6f, 0.088f);
             be->l2_norm(cv + 16 * 128, pk, 16, 128, 1e-6f, 1.0f);
             be->gdn_gates(pg, pb, dt, sa, 1, 48);
-            be->gdn_recurrent(pq, pk, cv + 32 * 128, pg, pb, st, o, nullptr, 1, s);
+            be->gdn_recurrent(pq, pk, cv + 32 * 128, pg, pb, st, st, o, nullptr, 1, s);
           });
           for (float* p : {cv, a, dt, sa, pq, pk, pg, pb}) be->release(p);
         }
         float* cst = dev_rand(3 * 10240);
         float* cw = dev_rand(4 * 10240);
-        row("gdn_conv", "M=1, 10240 ch, K=4", [&] { be->gdn_conv(x, cst, cw, y, 1, 10240, 4); });
+        row("gdn_conv", "M=1, 10240 ch, K=4", [&] { be->gdn_conv(x, cst, nullptr, cw, y, 1, 10240, 4); });
         for (float* p : {st, q, k, v, g, b, o, snaps, cst, cw}) be->release(p);
       }
       float* logits = dev_rand(8 * V);

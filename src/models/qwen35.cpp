@@ -502,14 +502,14 @@ void Qwen35Model::gdn_block(int il, const float* n, const float* nin, float* y, 
   LayerState& s = state_[il];
   const int64_t Hk = cfg_.ssm_k_heads, Hv = cfg_.ssm_v_heads, dk = cfg_.ssm_head_k, dv = cfg_.ssm_head_v();
   const int64_t C = conv_dim(), K = cfg_.ssm_conv_kernel;
-  mm_group({{&w.w_qkv, big0_}, {&w.w_gate, gate_}}, nin, M);  // [M, C] pre-conv, z [M, inner]
+  // An undoable forward keeps its conv inputs for rollback: the qkv matmul writes them straight into
+  // the layer's undo buffer, and the conv leaves its state before the rows in conv_state_before.
+  float* conv_in = undoable ? s.conv_inputs : big0_;
+  mm_group({{&w.w_qkv, conv_in}, {&w.w_gate, gate_}}, nin, M);  // [M, C] pre-conv, z [M, inner]
   const float* nab = w.rot_alpha_beta ? (w.rot_attn_in ? nin : rotated(n, M, cfg_.n_embd, true, rot2_)) : n;
   mm_group({{&w.w_beta, b_}, {&w.w_alpha, a_}}, nab, M);  // [M, Hv] beta logits, [M, Hv] alpha
-  if (undoable) {
-    be_.copy(s.conv_state_before, s.conv_state, conv_state_bytes());
-    be_.copy(s.conv_inputs, big0_, sizeof(float) * M * C);
-  }
-  be_.gdn_conv(big0_, s.conv_state, w.conv1d, big1_, M, C, K);  // silu(conv) [M, C]
+  be_.gdn_conv(conv_in, s.conv_state, undoable ? s.conv_state_before : nullptr, w.conv1d, big1_, M, C,
+               K);  // silu(conv) [M, C]
   // One conv row is [q | k | v]: the recurrence reads the three pieces with row stride C.
   const float *q = big1_, *k = big1_ + Hk * dk, *v = big1_ + 2 * Hk * dk;
   const GdnShape shape{Hk, Hv, dk, dv};
@@ -671,20 +671,21 @@ void Qwen35Model::rollback(int64_t n_keep) {
       if (layers_[il].attention) continue;
       LayerState& s = state_[il];
       // the recurrence again over the kept rows, from the state before the forward (attn_: scratch out)
-      be_.copy(s.ssm_state, s.ssm_state_before, ssm_state_bytes());
       const GdnShape shape{cfg_.ssm_k_heads, cfg_.ssm_v_heads, cfg_.ssm_head_k, cfg_.ssm_head_v()};
-      be_.gdn_recurrent(s.undo_q, s.undo_k, s.undo_v, s.undo_g, s.undo_beta, s.ssm_state, attn_, nullptr, n_keep,
-                        shape);
-      // conv state = the last K-1 rows of [state_before ; inputs[0..n_keep)]
-      for (int64_t r = 0; r < km1; ++r) {
-        const int64_t src = n_keep + r;  // index into the concatenation (length km1 + n_keep) of the row
-        const float* from = src < km1 ? s.conv_state_before + src * C : s.conv_inputs + (src - km1) * C;
-        be_.copy(s.conv_state + r * C, from, C * sizeof(float));
-      }
+      be_.gdn_recurrent(s.undo_q, s.undo_k, s.undo_v, s.undo_g, s.undo_beta, s.ssm_state_before, s.ssm_state, attn_,
+                        nullptr, n_keep, shape);
+      // conv state = the last K-1 rows of [state_before ; inputs[0..n_keep)]: rows n_keep .. n_keep + K-2 of
+      // that concatenation, at most two contiguous runs (one when n_keep >= K-1)
+      const int64_t from_before = std::max<int64_t>(0, km1 - n_keep);  // leading rows still from state_before
+      if (from_before > 0)
+        be_.copy(s.conv_state, s.conv_state_before + n_keep * C, sizeof(float) * from_before * C);
+      if (km1 - from_before > 0)
+        be_.copy(s.conv_state + from_before * C, s.conv_inputs + (n_keep + from_before - km1) * C,
+                 sizeof(float) * (km1 - from_before) * C);
     }
   };
-  // Every pointer and size above depends only on n_keep: one graph per kept-row count (27B: ~240
-  // copies and replays per cycle, launched one by one they cost more than their work).
+  // Every pointer and size above depends only on n_keep: one graph per kept-row count (27B: ~100
+  // replays and copies per cycle, launched one by one they cost more than their work).
   graphs_.run(kRollbackKey | static_cast<uint64_t>(n_keep), ops);
   last_rows_ = n_keep;
   last_undoable_ = false;  // a second rollback would need the states before this one

@@ -243,8 +243,10 @@ class Backend {
   //   y[m][c] = silu( sum_{j<K} w[c][j] * in[m - (K-1) + j][c] ),
   // where rows before 0 come from state[K-1, C] (oldest first). w is the GGUF conv1d [K, C]
   // (ne = [K, C]: K taps contiguous per channel). Updates state to the last K-1 inputs. y may equal x.
-  virtual void gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C,
-                        int64_t K) = 0;
+  // state_before: null, or [K-1, C] that receives the state as it was before the rows (verify's undo
+  // checkpoint; must not overlap state). CUDA writes it from the window it loads anyway (no copy launch).
+  virtual void gdn_conv(const float* x, float* state, float* state_before, const float* w, float* y, int64_t M,
+                        int64_t C, int64_t K) = 0;
   // Gates: beta[M, Hv] = sigmoid(b), g[M, Hv] = a_log_decay * softplus(a + dt_bias) (in place into b, a).
   virtual void gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M,
                          int64_t n_v_heads) = 0;
@@ -263,11 +265,14 @@ class Backend {
   }
   // The delta-rule recurrence over M rows, sequentially (q, k already l2-normed and q scaled):
   //   q, k [M, n_k_heads, head_k]; v [M, n_v_heads, head_v]; g, beta [M, n_v_heads]
-  //   state [n_v_heads, head_k, head_v] (S[p][i][j], i = key dim, j = value dim), updated in place
+  //   state_in [n_v_heads, head_k, head_v] (S[p][i][j], i = key dim, j = value dim): the state before
+  //     the rows, left as it is; state receives the state after them. state_in == state updates in
+  //     place; otherwise they must not overlap (rollback replays from its checkpoint without a copy).
   //   out [M, n_v_heads, head_v]
-  //   snapshots: null, or [M, n_v_heads*head_k*head_v]: the state after each row (verify's undo).
+  //   snapshots: null, or [M, n_v_heads*head_k*head_v]: the state after each row.
   virtual void gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                             float* state, float* out, float* snapshots, int64_t M, const GdnShape& shape) = 0;
+                             const float* state_in, float* state, float* out, float* snapshots, int64_t M,
+                             const GdnShape& shape) = 0;
   // gdn_prepare_recurrent's inputs as they come out of the conv and the alpha/beta matmuls. q, k, v
   // are read with row strides (floats between rows) so they may point into the conv output [M, C]
   // without copies.
@@ -301,7 +306,7 @@ class Backend {
   // where the op sequence takes four, the q/k/v split copies included):
   //   q = l2_norm(in.q) * (1/sqrt(head_k)), k = l2_norm(in.k)  (per K head, eps kGdnL2Eps; as l2_norm)
   //   beta = sigmoid(in.b), g = ssm_a * softplus(in.a + dt_bias)  (as gdn_gates)
-  //   then gdn_recurrent(q, k, v, g, beta, state, out, nullptr, M, shape).
+  //   then gdn_recurrent(q, k, v, g, beta, state, state, out, nullptr, M, shape).
   // The inputs are not modified. prepared: null, or the buffers that receive the prepared q, k, g,
   // beta (and, when prepared->v is set, the packed v): the exact values the recurrence used, so gdn_recurrent over them from the same state gives
   // this op's state and out bit for bit. They must not overlap the inputs. Each row's prepared values

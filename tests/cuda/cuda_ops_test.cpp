@@ -577,20 +577,22 @@ TEST(CudaOps, GdnConvAndGates) {
   for (auto [M, C, K] : {std::tuple<int64_t, int64_t, int64_t>{8, 10240, 4}, {1, 10240, 4}, {5, 300, 3},
                          {100, 10240, 4}, {512, 1024, 4}, {37, 300, 3}}) {
     const auto x = randn_vec(rng, M * C), st = randn_vec(rng, (K - 1) * C), w = randn_vec(rng, C * K, 0.5f);
-    Buf<float> xg(gpu(), x), sg(gpu(), st), wg(gpu(), w), yg(gpu(), M * C);
+    Buf<float> xg(gpu(), x), sg(gpu(), st), wg(gpu(), w), yg(gpu(), M * C), bg(gpu(), (K - 1) * C);
     Buf<float> xc(cpu(), x), sc(cpu(), st), wc(cpu(), w), yc(cpu(), M * C);
-    gpu().gdn_conv(xg, sg, wg, yg, M, C, K);
-    cpu().gdn_conv(xc, sc, wc, yc, M, C, K);
+    gpu().gdn_conv(xg, sg, bg, wg, yg, M, C, K);
+    cpu().gdn_conv(xc, sc, nullptr, wc, yc, M, C, K);
     check("gdn_conv out", shape_str({M, C, K}), yg.get(), yc.get(), 1e-11, yg.guard_ok());
     check("gdn_conv state", shape_str({M, C, K}), sg.get(), sc.get(), 0, sg.guard_ok());
+    // the undo checkpoint: the state as it was before the rows, exactly
+    check("gdn_conv state_before", shape_str({M, C, K}), bg.get(), st, 0, bg.guard_ok());
     // in place (y == x), and M rows == M one-row calls (state carried)
     Buf<float> x2(gpu(), x), s2(gpu(), st);
-    gpu().gdn_conv(x2, s2, wg, x2, M, C, K);
+    gpu().gdn_conv(x2, s2, nullptr, wg, x2, M, C, K);
     Buf<float> s3(gpu(), st), y3(gpu(), C);
     std::vector<float> rows;
     for (int64_t m = 0; m < M; ++m) {
       Buf<float> x1(gpu(), std::vector<float>(x.begin() + m * C, x.begin() + (m + 1) * C));
-      gpu().gdn_conv(x1, s3, wg, y3, 1, C, K);
+      gpu().gdn_conv(x1, s3, nullptr, wg, y3, 1, C, K);
       const auto y = y3.get();
       rows.insert(rows.end(), y.begin(), y.end());
     }
@@ -645,12 +647,21 @@ TEST(CudaOps, GdnRecurrent) {
         sg(gpu(), in.state), og(gpu(), M * s.n_v_heads * s.head_v), snapg(gpu(), M * hs);
     Buf<float> qc(cpu(), in.q), kc(cpu(), in.k), vc(cpu(), in.v), gc(cpu(), in.g), bc(cpu(), in.beta),
         sc(cpu(), in.state), oc(cpu(), M * s.n_v_heads * s.head_v), snapc(cpu(), M * hs);
-    gpu().gdn_recurrent(qg, kg, vg, gg, bg, sg, og, snapg, M, s);
-    cpu().gdn_recurrent(qc, kc, vc, gc, bc, sc, oc, snapc, M, s);
+    gpu().gdn_recurrent(qg, kg, vg, gg, bg, sg, sg, og, snapg, M, s);
+    cpu().gdn_recurrent(qc, kc, vc, gc, bc, sc, sc, oc, snapc, M, s);
     const std::string shp = shape_str({M, s.n_k_heads, s.n_v_heads, s.head_k, s.head_v});
     check("gdn_recurrent out", shp, og.get(), oc.get(), 1e-9, og.guard_ok());
     check("gdn_recurrent state", shp, sg.get(), sc.get(), 1e-9, sg.guard_ok());
     check("gdn_recurrent snapshots", shp, snapg.get(), snapc.get(), 1e-9, snapg.guard_ok());
+    // out of place (rollback's replay from its checkpoint): the in-place bits, state_in untouched
+    {
+      Buf<float> s_in(gpu(), in.state), s_out(gpu(), hs), o2(gpu(), M * s.n_v_heads * s.head_v);
+      gpu().gdn_recurrent(qg, kg, vg, gg, bg, s_in, s_out, o2, nullptr, M, s);
+      const bool same = s_out.get() == sg.get() && o2.get() == og.get() && s_in.get() == in.state &&
+                        s_in.guard_ok() && s_out.guard_ok();
+      record({"gdn_recurrent state_in != state", shp, 0, 0, 0, same, same ? "equal to in place" : "differs"});
+      EXPECT_TRUE(same);
+    }
     // verify == decode: M one-row calls carrying the state give the same bits as the M-row call
     Buf<float> s1(gpu(), in.state), o1(gpu(), s.n_v_heads * s.head_v);
     std::vector<float> outs;
@@ -663,7 +674,7 @@ TEST(CudaOps, GdnRecurrent) {
       Buf<float> q1(gpu(), row(in.q, s.n_k_heads * s.head_k)), k1(gpu(), row(in.k, s.n_k_heads * s.head_k)),
           v1(gpu(), row(in.v, s.n_v_heads * s.head_v)), g1(gpu(), row(in.g, s.n_v_heads)),
           b1(gpu(), row(in.beta, s.n_v_heads));
-      gpu().gdn_recurrent(q1, k1, v1, g1, b1, s1, o1, nullptr, 1, s);
+      gpu().gdn_recurrent(q1, k1, v1, g1, b1, s1, s1, o1, nullptr, 1, s);
       const auto o = o1.get();
       outs.insert(outs.end(), o.begin(), o.end());
       snaps_same = snaps_same && std::memcmp(s1.get().data(), snap_multi.data() + m * hs, hs * 4) == 0;
@@ -750,10 +761,10 @@ TEST(CudaOps, GdnPrepareRecurrent) {
               same ? "out + state + prepared memcmp equal" : "differs"});
       EXPECT_TRUE(same) << shp;
     }
-    {  // rollback's replay: gdn_recurrent over the prepared values and v, from the same state
-      Buf<float> s3(gpu(), st0), o3(gpu(), M * nv);
-      gpu().gdn_recurrent(pqg, pkg, pvg, pgg, pbg, s3, o3, nullptr, M, s);
-      const bool same = bits(s3.get(), st) && bits(o3.get(), out);
+    {  // rollback's replay: gdn_recurrent over the prepared values and v, from the checkpoint (out of place)
+      Buf<float> ck(gpu(), st0), s3(gpu(), st0.size()), o3(gpu(), M * nv);
+      gpu().gdn_recurrent(pqg, pkg, pvg, pgg, pbg, ck, s3, o3, nullptr, M, s);
+      const bool same = bits(s3.get(), st) && bits(o3.get(), out) && ck.get() == st0;
       record({"gdn_prepare_recurrent replay (gdn_recurrent on prepared)", shp, 0, 0, 0, same,
               same ? "state + out memcmp equal" : "differs"});
       EXPECT_TRUE(same) << shp;
@@ -787,7 +798,7 @@ TEST(CudaOps, GdnChunked) {
         sc(cpu(), in.state), oc(cpu(), no), sr(cpu(), in.state), orr(cpu(), no);
     gpu().gdn_chunked(qg, kg, vg, gg, bg, sg, og, M, s);
     cpu().gdn_chunked(qc, kc, vc, gc, bc, sc, oc, M, s);
-    cpu().gdn_recurrent(qc, kc, vc, gc, bc, sr, orr, nullptr, M, s);
+    cpu().gdn_recurrent(qc, kc, vc, gc, bc, sr, sr, orr, nullptr, M, s);
     const std::string shp = shape_str({M, s.n_k_heads, s.n_v_heads, s.head_k, s.head_v});
     const auto o = og.get(), st = sg.get();
     check("gdn_chunked out (vs CPU chunked)", shp, o, oc.get(), 1e-7, og.guard_ok(), "3xTF32 WY kernels");

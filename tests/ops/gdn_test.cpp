@@ -34,18 +34,20 @@ TEST(CpuGdnConv, MatchesReferenceUpdatesStateAndRowsAreBitIdentical) {
       }
     std::vector<float> state_ref(seq.end() - (K - 1) * C, seq.end());
 
-    std::vector<float> state = state0, y(M * C);
-    be->gdn_conv(x.data(), state.data(), w.data(), y.data(), M, C, K);
+    std::vector<float> state = state0, y(M * C), before((K - 1) * C, -1.0f);
+    be->gdn_conv(x.data(), state.data(), before.data(), w.data(), y.data(), M, C, K);
     expect_close(y, ref, 1e-6, 1e-5, "conv out");
     EXPECT_EQ(state, state_ref);
+    EXPECT_EQ(before, state0) << "state_before: the state as it was before the rows";
 
     // One row at a time, and in place, give the same bits and state.
     std::vector<float> s1 = state0, y1(M * C);
-    for (int64_t m = 0; m < M; ++m) be->gdn_conv(x.data() + m * C, s1.data(), w.data(), y1.data() + m * C, 1, C, K);
+    for (int64_t m = 0; m < M; ++m)
+      be->gdn_conv(x.data() + m * C, s1.data(), nullptr, w.data(), y1.data() + m * C, 1, C, K);
     EXPECT_TRUE(same_bits(y1.data(), y.data(), y.size()));
     EXPECT_EQ(s1, state_ref);
     std::vector<float> si = state0, xi = x;
-    be->gdn_conv(xi.data(), si.data(), w.data(), xi.data(), M, C, K);
+    be->gdn_conv(xi.data(), si.data(), nullptr, w.data(), xi.data(), M, C, K);
     EXPECT_TRUE(same_bits(xi.data(), y.data(), y.size()));
     EXPECT_EQ(si, state_ref);
   }
@@ -157,7 +159,7 @@ GdnResult run_gdn(Backend& be, const GdnInputs& in, bool chunked, bool snapshots
                    r.state.data(), r.out.data(), rows, s);
   else
     be.gdn_recurrent(in.q.data() + qk, in.k.data() + qk, in.v.data() + vv, in.g.data() + gg, in.beta.data() + gg,
-                     r.state.data(), r.out.data(), snapshots ? r.snapshots.data() : nullptr, rows, s);
+                     r.state.data(), r.state.data(), r.out.data(), snapshots ? r.snapshots.data() : nullptr, rows, s);
   return r;
 }
 
@@ -234,8 +236,8 @@ TEST(CpuGdnPrepareRecurrent, EqualsOpSequenceBitForBit) {
         be->l2_norm(k.data(), k.data(), M * Hk, s.head_k, 1e-6f, 1.0f);
         be->gdn_gates(g.data(), beta.data(), dt.data(), A.data(), M, Hv);
         std::vector<float> st_ref = state0, out_ref(M * nv);
-        be->gdn_recurrent(q.data(), k.data(), v.data(), g.data(), beta.data(), st_ref.data(), out_ref.data(), nullptr,
-                          M, s);
+        be->gdn_recurrent(q.data(), k.data(), v.data(), g.data(), beta.data(), st_ref.data(), st_ref.data(),
+                          out_ref.data(), nullptr, M, s);
 
         // the op, with and without `prepared`; the inputs stay as they were
         const auto conv_in = conv, qp_in = qp, kp_in = kp, vp_in = vp;
@@ -294,10 +296,13 @@ TEST(CpuGdnPrepareRecurrent, EqualsOpSequenceBitForBit) {
         expect_close(pb, br, 1e-7, 1e-6, "prepared beta vs double");
 
         // rollback's replay: gdn_recurrent over the prepared values (and v) gives the op's state
-        std::vector<float> st3 = state0, out3(M * nv);
-        be->gdn_recurrent(pq.data(), pk.data(), pv.data(), pg.data(), pb.data(), st3.data(), out3.data(), nullptr, M,
-                          s);
+        // (from the checkpoint, out of place: the checkpoint stays as it was)
+        const std::vector<float> checkpoint = state0;
+        std::vector<float> st3(state0.size(), -1.0f), out3(M * nv);
+        be->gdn_recurrent(pq.data(), pk.data(), pv.data(), pg.data(), pb.data(), checkpoint.data(), st3.data(),
+                          out3.data(), nullptr, M, s);
         EXPECT_TRUE(same_bits(st3.data(), st.data(), st.size())) << "replayed state";
+        EXPECT_EQ(checkpoint, state0) << "state_in left as it was";
 
         // the lossless contract: M rows at once == one row at a time (state carried)
         std::vector<float> st1 = state0, out1(M * nv), pq1(M * nqk), pk1(M * nqk), pg1(M * Hv), pb1(M * Hv);

@@ -94,15 +94,16 @@ class ReplayGraphBackend final : public Backend {
                  int64_t hk, int64_t d, float s) override {
     op([=, this] { cpu_->attention(q, k, v, r, o, M, h, hk, d, s); });
   }
-  void gdn_conv(const float* x, float* st, const float* w, float* y, int64_t M, int64_t C, int64_t K) override {
-    op([=, this] { cpu_->gdn_conv(x, st, w, y, M, C, K); });
+  void gdn_conv(const float* x, float* st, float* sb, const float* w, float* y, int64_t M, int64_t C,
+                int64_t K) override {
+    op([=, this] { cpu_->gdn_conv(x, st, sb, w, y, M, C, K); });
   }
   void gdn_gates(float* a, float* b, const float* dt, const float* sa, int64_t M, int64_t h) override {
     op([=, this] { cpu_->gdn_gates(a, b, dt, sa, M, h); });
   }
-  void gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* b, float* st,
-                     float* o, float* sn, int64_t M, const GdnShape& s) override {
-    op([=, this] { cpu_->gdn_recurrent(q, k, v, g, b, st, o, sn, M, s); });
+  void gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* b,
+                     const float* si, float* st, float* o, float* sn, int64_t M, const GdnShape& s) override {
+    op([=, this] { cpu_->gdn_recurrent(q, k, v, g, b, si, st, o, sn, M, s); });
   }
   void gdn_prepare_recurrent(const GdnRawInputs& in, float* st, float* o, const GdnPrepared* p, int64_t M,
                              const GdnShape& s) override {

@@ -54,11 +54,12 @@ class CpuBackend final : public Backend {
   void attention(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out, int64_t M,
                  int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale) override;
 
-  void gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C, int64_t K) override;
+  void gdn_conv(const float* x, float* state, float* state_before, const float* w, float* y, int64_t M, int64_t C,
+                int64_t K) override;
   void gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M,
                  int64_t n_v_heads) override;
   void gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                     float* state, float* out, float* snapshots, int64_t M, const GdnShape& shape) override;
+                     const float* state_in, float* state, float* out, float* snapshots, int64_t M, const GdnShape& shape) override;
   void gdn_prepare_recurrent(const GdnRawInputs& in, float* state, float* out, const GdnPrepared* prepared,
                              int64_t M, const GdnShape& shape) override;
   void gdn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,

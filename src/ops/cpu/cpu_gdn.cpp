@@ -15,9 +15,11 @@ namespace dflash::cpu {
 
 // Tasks take blocks of channels; inside a block rows run in order with each channel's last K-1
 // inputs in a small window, so x may alias y (each x[m][c] is read before y[m][c] is written).
-void CpuBackend::gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C, int64_t K) {
+void CpuBackend::gdn_conv(const float* x, float* state, float* state_before, const float* w, float* y, int64_t M,
+                          int64_t C, int64_t K) {
   DFLASH_CHECK(K >= 1, "cpu gdn_conv: kernel size {}", K);
   const int64_t H = K - 1;  // history rows
+  if (state_before && H > 0) std::memcpy(state_before, state, static_cast<size_t>(H * C) * sizeof(float));
   pool_.parallel_for(C, 256, [&](int64_t c0, int64_t c1) {
     const int64_t nc = c1 - c0;
     std::vector<float> win(static_cast<size_t>(H * nc));  // win[j][c - c0], oldest first
@@ -64,10 +66,12 @@ static void check_shape(const GdnShape& s, const char* op) {
 //   S *= exp(g);  kv = S^T k;  delta = (v - kv) * beta;  S += k delta^T;  o = S^T q
 // Sums over the key dim i run in increasing i (two passes over S per row).
 void CpuBackend::gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                               float* state, float* out, float* snapshots, int64_t M, const GdnShape& shape) {
+                               const float* state_in, float* state, float* out, float* snapshots, int64_t M,
+                               const GdnShape& shape) {
   check_shape(shape, "gdn_recurrent");
   const int64_t Hk = shape.n_k_heads, Hv = shape.n_v_heads, dk = shape.head_k, dv = shape.head_v;
   const int64_t head_state = dk * dv;
+  if (state_in != state) std::memcpy(state, state_in, static_cast<size_t>(Hv * head_state) * sizeof(float));
   pool_.parallel_for(Hv, 1, [&](int64_t p0, int64_t p1) {
     std::vector<float> kv(static_cast<size_t>(dv)), delta(static_cast<size_t>(dv));
     for (int64_t p = p0; p < p1; ++p) {
@@ -140,7 +144,7 @@ void CpuBackend::gdn_prepare_recurrent(const GdnRawInputs& in, float* state, flo
     copy_rows(v_packed.data(), nv, in.v, in.v_stride, M, nv);
     v = v_packed.data();
   }
-  gdn_recurrent(q, k, v, g, beta, state, out, nullptr, M, shape);
+  gdn_recurrent(q, k, v, g, beta, state, state, out, nullptr, M, shape);
 }
 
 // ---- chunked (WY / UT transform) form -------------------------------------------------------------

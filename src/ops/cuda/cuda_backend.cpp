@@ -580,10 +580,11 @@ class CudaBackend final : public Backend {
     }
     Backend::gdn_split_qkv(conv, q, k, v, M, sh, eps, q_scale);
   }
-  void gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C, int64_t K) override {
+  void gdn_conv(const float* x, float* state, float* state_before, const float* w, float* y, int64_t M, int64_t C,
+                int64_t K) override {
     DFLASH_CHECK(K >= 1 && K <= 16, "cuda gdn_conv: kernel size {} outside 1..16", K);
     if (skip_ & kSkipGdn) return;
-    cuda::launch_gdn_conv(x, state, w, y, M, C, K, stream_);
+    cuda::launch_gdn_conv(x, state, state_before, w, y, M, C, K, stream_);
     after("gdn_conv");
   }
   void gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M,
@@ -591,12 +592,13 @@ class CudaBackend final : public Backend {
     cuda::launch_gdn_gates(a, b, dt_bias, ssm_a, M, n_v_heads, stream_);
     after("gdn_gates");
   }
-  void gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
-                     float* out, float* snapshots, int64_t M, const GdnShape& s) override {
+  void gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                     const float* state_in, float* state, float* out, float* snapshots, int64_t M,
+                     const GdnShape& s) override {
     check_gdn(s, "gdn_recurrent");
     if (skip_ & kSkipGdn) return;
-    cuda::launch_gdn_recurrent(q, k, v, g, beta, state, out, snapshots, M, s.n_k_heads, s.n_v_heads, s.head_k,
-                               s.head_v, stream_);
+    cuda::launch_gdn_recurrent(q, k, v, g, beta, state_in, state, out, snapshots, M, s.n_k_heads, s.n_v_heads,
+                               s.head_k, s.head_v, stream_);
     after("gdn_recurrent");
   }
   void gdn_prepare_recurrent(const GdnRawInputs& in, float* state, float* out, const GdnPrepared* prepared,
@@ -636,8 +638,8 @@ class CudaBackend final : public Backend {
                                  tmp, stream_);
       }
     } else {
-      cuda::launch_gdn_recurrent(q, k, v, g, beta, state, out, nullptr, M, s.n_k_heads, s.n_v_heads, s.head_k,
-                                 s.head_v, stream_);
+      cuda::launch_gdn_recurrent(q, k, v, g, beta, state, state, out, nullptr, M, s.n_k_heads, s.n_v_heads,
+                                 s.head_k, s.head_v, stream_);
     }
     after("gdn_chunked");
   }

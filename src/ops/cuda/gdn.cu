@@ -5,7 +5,8 @@
 // the key rows i = g, g + 4, g + 8, ... in registers (4 row groups). Per row:
 //   S *= exp(g);  kv = S^T k;  delta = (v - kv) * beta;  S += k delta^T;  o = S^T q
 // each sum over i = the group's partial (its rows in increasing order) combined as (g0 + g1) + (g2 + g3).
-// The state stays in registers across the M rows; snapshots (verify's undo) get the state after each row.
+// The state is read from state_in (rollback's replay starts from its checkpoint; in place otherwise), stays
+// in registers across the M rows and is written to state; snapshots get the state after each row.
 // The rows' q, k, v, decay and beta are staged in shared memory kStageRows rows at a time.
 // gdn_prepare_recurrent runs the same kernel with kPrepare: it l2-norms q / k and computes the gates
 // while staging (one launch instead of l2_norm, l2_norm, gdn_gates, gdn_recurrent and the q/k/v copies).
@@ -30,6 +31,7 @@ struct RecurrentArgs {
   const float* dt_bias;  // kPrepare only [Hv]
   const float* ssm_a;    // kPrepare only [Hv]
   float eps, q_scale;    // kPrepare only: the l2 norms' eps, q's scale
+  const float* state_in;  // the state before the rows (== state: in place; else read only)
   float* state;
   float* out;
   float* snapshots;
@@ -73,13 +75,14 @@ __global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const Recur
   const int j = blockIdx.y * 32 + jl;
   const bool col_ok = j < dv;
   const int64_t head_state = static_cast<int64_t>(dk) * dv;
+  const float* Sin = args.state_in + p * head_state;
   float* S0 = args.state + p * head_state;
 
   float S[kRPT];
 #pragma unroll
   for (int r = 0; r < kRPT; ++r) {
     const int i = grp + kGroups * r;
-    S[r] = (col_ok && i < dk) ? S0[static_cast<int64_t>(i) * dv + j] : 0.0f;
+    S[r] = (col_ok && i < dk) ? Sin[static_cast<int64_t>(i) * dv + j] : 0.0f;
   }
   if constexpr (kPrepare)
     if (args.state_before && col_ok) {  // the undo checkpoint, from the registers (no copy launch)
@@ -218,14 +221,14 @@ void launch_recurrent(const RecurrentArgs& a, cudaStream_t s) {
 }  // namespace
 
 void launch_gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                          float* state, float* out, float* snapshots, int64_t M, int64_t n_k_heads, int64_t n_v_heads,
-                          int64_t head_k, int64_t head_v, cudaStream_t s) {
+                          const float* state_in, float* state, float* out, float* snapshots, int64_t M,
+                          int64_t n_k_heads, int64_t n_v_heads, int64_t head_k, int64_t head_v, cudaStream_t s) {
   RecurrentArgs a{};
   a.q = q, a.k = k, a.v = v;
   a.q_stride = a.k_stride = n_k_heads * head_k;
   a.v_stride = n_v_heads * head_v;
   a.g = g, a.beta = beta;
-  a.state = state, a.out = out, a.snapshots = snapshots;
+  a.state_in = state_in, a.state = state, a.out = out, a.snapshots = snapshots;
   a.M = M;
   a.Hk = static_cast<int>(n_k_heads), a.Hv = static_cast<int>(n_v_heads);
   a.dk = static_cast<int>(head_k), a.dv = static_cast<int>(head_v);
@@ -244,7 +247,7 @@ void launch_gdn_prepare_recurrent(const float* q, int64_t q_stride, const float*
   r.q_stride = q_stride, r.k_stride = k_stride, r.v_stride = v_stride;
   r.g = a, r.beta = b, r.dt_bias = dt_bias, r.ssm_a = ssm_a;
   r.eps = eps, r.q_scale = q_scale;
-  r.state = state, r.out = out, r.snapshots = nullptr;
+  r.state_in = state, r.state = state, r.out = out, r.snapshots = nullptr;
   r.pq = prep_q, r.pk = prep_k, r.pg = prep_g, r.pbeta = prep_beta, r.pv = prep_v;
   r.state_before = state_before;
   r.M = M;

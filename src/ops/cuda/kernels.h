@@ -124,8 +124,8 @@ void launch_scatter_rows(float* dst, int64_t dst_stride, int64_t dst_rows, const
                          int64_t src_stride, int64_t rows, int64_t cols, cudaStream_t s);
 void launch_gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M, int64_t n_v_heads,
                       cudaStream_t s);
-void launch_gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C, int64_t K,
-                     cudaStream_t s);
+void launch_gdn_conv(const float* x, float* state, float* state_before, const float* w, float* y, int64_t M,
+                     int64_t C, int64_t K, cudaStream_t s);
 void launch_dflash_conv(const float* x, const float* base, const float* d, int64_t d_stride, const float* res,
                         float* y, int64_t M, int64_t C, int64_t K, int64_t group, cudaStream_t s);
 // dflash_conv without a residual that also writes the next integer matmul's activation records into xq
@@ -186,8 +186,8 @@ bool launch_attention_prefill(const float* q, const float* k, const float* v, co
 
 // ---- Gated DeltaNet recurrence (gdn.cu) ---------------------------------------------------------------
 void launch_gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                          float* state, float* out, float* snapshots, int64_t M, int64_t n_k_heads, int64_t n_v_heads,
-                          int64_t head_k, int64_t head_v, cudaStream_t s);
+                          const float* state_in, float* state, float* out, float* snapshots, int64_t M,
+                          int64_t n_k_heads, int64_t n_v_heads, int64_t head_k, int64_t head_v, cudaStream_t s);
 // Backend::gdn_prepare_recurrent: the same kernel, preparing q, k (l2 norm, q * q_scale) and the gates
 // from a, b while staging; prep_*: all null, or the packed prepared q, k, g, beta.
 void launch_gdn_prepare_recurrent(const float* q, int64_t q_stride, const float* k, int64_t k_stride, const float* v,

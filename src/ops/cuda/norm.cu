@@ -167,8 +167,8 @@ __device__ __forceinline__ float conv_step(float (&win)[kMaxK], const float (&wc
   return silu_f(acc);
 }
 template <int kK>
-__global__ void gdn_conv_kernel(const float* x, float* state, const float* __restrict__ w, float* y, int64_t M,
-                                int64_t C, int K_rt) {
+__global__ void gdn_conv_kernel(const float* x, float* state, float* __restrict__ state_before,
+                                const float* __restrict__ w, float* y, int64_t M, int64_t C, int K_rt) {
   const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   const int K = kK > 0 ? kK : K_rt;
   const int H = K - 1;
@@ -180,6 +180,10 @@ __global__ void gdn_conv_kernel(const float* x, float* state, const float* __res
   if (c >= C) return;
 #pragma unroll
   for (int j = 0; j < kMaxK; ++j) win[j] = (j < H) ? state[j * C + c] : 0.0f;
+  if (state_before)  // the undo checkpoint, from the window just loaded
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j < H) state_before[j * C + c] = win[j];
   for (int64_t m = 0; m < M; ++m) {
     y[m * C + c] = conv_step(win, wc, H, x[m * C + c]);
   }
@@ -216,12 +220,14 @@ __global__ void gdn_conv_rows_kernel(const float* x, const float* state, const f
     y[m * C + c] = conv_step(win, wc, H, x[m * C + c]);
   }
 }
-// state = the last K-1 input rows (M >= K-1).
-__global__ void gdn_conv_state_kernel(const float* x, float* state, int64_t M, int64_t C, int H) {
+// state = the last K-1 input rows (M >= K-1); state_before (null or) receives the old state first.
+__global__ void gdn_conv_state_kernel(const float* x, float* state, float* __restrict__ state_before, int64_t M,
+                                      int64_t C, int H) {
   pdl_wait();
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i >= H * C) return;
   const int64_t j = i / C, c = i % C;
+  if (state_before) state_before[i] = state[i];
   state[j * C + c] = x[(M - H + j) * C + c];
 }
 
@@ -455,8 +461,8 @@ void launch_gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm
   const int64_t n = M * n_v_heads;
   if (n > 0) launch_pdl(gdn_gates_kernel, ceil_div_u(n, 256), 256, 0, s, a, b, dt_bias, ssm_a, M, n_v_heads);
 }
-void launch_gdn_conv(const float* x, float* state, const float* w, float* y, int64_t M, int64_t C, int64_t K,
-                     cudaStream_t s) {
+void launch_gdn_conv(const float* x, float* state, float* state_before, const float* w, float* y, int64_t M,
+                     int64_t C, int64_t K, cudaStream_t s) {
   if (C <= 0) return;
   if (M >= 2 * kConvRowsPerThread && M >= K - 1 && x != y) {  // prefill: runs of rows in parallel
     const dim3 grid(ceil_div_u(C, 128), ceil_div_u(M, kConvRowsPerThread));
@@ -464,14 +470,15 @@ void launch_gdn_conv(const float* x, float* state, const float* w, float* y, int
       launch_pdl(gdn_conv_rows_kernel<4>, grid, 128, 0, s, x, state, w, y, M, C, 4);
     else
       launch_pdl(gdn_conv_rows_kernel<0>, grid, 128, 0, s, x, state, w, y, M, C, static_cast<int>(K));
-    if (K > 1) launch_pdl(gdn_conv_state_kernel, ceil_div_u((K - 1) * C, 256), 256, 0, s, x, state, M, C,
-                          static_cast<int>(K - 1));
+    if (K > 1) launch_pdl(gdn_conv_state_kernel, ceil_div_u((K - 1) * C, 256), 256, 0, s, x, state, state_before, M,
+                          C, static_cast<int>(K - 1));
     return;
   }
   if (K == 4)
-    launch_pdl(gdn_conv_kernel<4>, ceil_div_u(C, 128), 128, 0, s, x, state, w, y, M, C, 4);
+    launch_pdl(gdn_conv_kernel<4>, ceil_div_u(C, 128), 128, 0, s, x, state, state_before, w, y, M, C, 4);
   else
-    launch_pdl(gdn_conv_kernel<0>, ceil_div_u(C, 128), 128, 0, s, x, state, w, y, M, C, static_cast<int>(K));
+    launch_pdl(gdn_conv_kernel<0>, ceil_div_u(C, 128), 128, 0, s, x, state, state_before, w, y, M, C,
+               static_cast<int>(K));
 }
 bool dflash_conv_quantize_supported(int64_t C, int64_t M) { return C > 0 && C % 128 == 0 && M > 0 && M <= 65535; }
 void launch_dflash_conv_quantize(const float* x, const float* base, const float* d, int64_t d_stride, float* y,
