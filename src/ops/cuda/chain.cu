@@ -20,8 +20,6 @@
 // records. Nothing depends on the number of rows: a row's bits are the same alone or in a verify block.
 // Measured on the H200 (S7-2, 27B decode step): each chain kernel cost ~3 us of body on top of one more
 // kernel boundary (~1.4 us) with the earlier layout (strided elements, 10 shared-memory stages).
-#include <cstdlib>
-
 #include <cooperative_groups.h>
 
 #include "ops/cuda/common.cuh"
@@ -54,19 +52,7 @@ struct ChainArgs {
   int32_t* meta;
   int64_t dim;
   float eps;
-  bool late_signal;  // signal the dependents after the row's loads, not at the wait (chain_late_signal())
 };
-
-// DFLASH_CUDA_CHAIN_LATE_SIGNAL=1: the chains signal their dependents once their row's global loads are
-// done (before the rotation) instead of right after the wait, so that the next matmul's early CTAs and
-// their weight loads do not queue ahead of the chain's own loads. Scheduling only: the same bits.
-bool chain_late_signal() {
-  static const bool v = [] {
-    const char* e = std::getenv("DFLASH_CUDA_CHAIN_LATE_SIGNAL");
-    return e != nullptr && *e != '\0' && *e != '0';
-  }();
-  return v;
-}
 
 // 4 consecutive floats (one 16-byte load when p is aligned; p's alignment is the same in every thread
 // of a launch, so the branch is uniform).
@@ -124,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) src[k] = r * a.dim + (a.perm ? a.perm[c0 + i0 + k] : c0 + i0 + k);
   }
-  pdl_wait(!a.late_signal);
+  pdl_wait();
   float v[4];
   if constexpr (kMode == 2) {
     // rms_norm_gated per head: the head's hd / 4 threads are consecutive lanes (hd <= 128: a butterfly
@@ -193,7 +179,6 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) v[k] = x[k] * sigmoid_f(z[k]);
   }
-  if (a.late_signal) pdl_signal();  // the row's loads are done (v holds them)
   if (a.rotate) {
     if (a.signs)
 #pragma unroll
@@ -255,7 +240,6 @@ void launch_norm_rotate_quantize(float* x, const float* res, const float* w, flo
   ChainArgs a{};
   a.x = x, a.res = res, a.w = w, a.n = n, a.signs = signs, a.y = rotate ? y : nullptr, a.dim = dim, a.eps = eps;
   a.rotate = rotate;
-  a.late_signal = chain_late_signal();
   a.xq = static_cast<uint8_t*>(xq);
   a.meta = xq_meta(a.xq, rows, dim);
   const unsigned chunks = static_cast<unsigned>(dim / kChunk);
@@ -277,7 +261,6 @@ void launch_elementwise_chain(const float* in0, const float* in1, const float* s
     a.gx = in0, a.z = in1;
   a.signs = signs, a.y = y, a.dim = dim;
   a.rotate = rotate;
-  a.late_signal = chain_late_signal();
   a.xq = static_cast<uint8_t*>(xq);
   a.meta = xq_meta(a.xq, rows, dim);
   launch_pdl(chain_kernel<kMode>, dim3(static_cast<unsigned>(dim / kChunk), static_cast<unsigned>(rows)),
@@ -302,7 +285,6 @@ void launch_gated_norm_rotate_quantize(const float* x, const float* w, const flo
   a.gx = x, a.w = w, a.z = z, a.signs = signs, a.perm = perm, a.y = y, a.dim = dim, a.eps = eps;
   a.head_dim = head_dim;
   a.rotate = rotate;
-  a.late_signal = chain_late_signal();
   a.xq = static_cast<uint8_t*>(xq);
   a.meta = xq_meta(a.xq, rows, dim);
   launch_pdl(chain_kernel<2>, dim3(static_cast<unsigned>(dim / kChunk), static_cast<unsigned>(rows)), dim3(kThreads),

@@ -121,8 +121,6 @@ __device__ __forceinline__ void pdl_wait(bool trigger = true) {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   if (trigger) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
-// The signal alone, for a kernel that waited with pdl_wait(false) and signals later in its body.
-__device__ __forceinline__ void pdl_signal() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 // Asks L2 for the 128-byte line holding p (no register, no wait). Kernels issue it before pdl_wait() for
 // the constants they read late (norm weights): the weights of a decode step stream through L2, so a
