@@ -36,7 +36,8 @@
 #       stage the new one; carry both .tgz).
 #   scripts/gpu_test.sh --ab NAME [--ab-runs N]   (with --dflash-bench TYPE, or after it on the machine)
 #       on the GPU machine: alternates the current build and gpu_NAME N times (default 2) on the 27B pair:
-#       bench_cuda_ops --model-only (decode, verify, draft) and dflash bench pp512.
+#       bench_cuda_ops --model-only (decode, verify, draft) and dflash bench pp512. With --timeline TYPE
+#       also gpu_NAME's timeline ($OUT/timeline_TYPE_NAME.md).
 #   scripts/gpu_test.sh --env-ab 'A=0;B=1 C=2' [--ab-runs N] [--pp]   (with --dflash-bench TYPE)
 #       on the GPU machine: bench_cuda_ops --model-only on the 27B pair with no extra environment, then with
 #       each ';'-separated set of assignments (runtime switches, DFLASH_CUDA_SKIP=... diagnostics), N rounds;
@@ -219,6 +220,12 @@ if [ -n "$AB" ]; then
   F=/tmp/bonsai27-${DBENCH:-ptq1_0}.gguf D=/tmp/drafter27.gguf
   ensure_27b "${DBENCH:-ptq1_0}"
   [ -d "$BD/gpu_$AB" ] || tar xzf "$BD/gpu_$AB.tgz" -C "$BD"
+  if [ -n "$TIMELINE" ]; then  # the other build's timeline too, for a kernel-by-kernel comparison
+    DFLASH_STEP_TIMELINE=1 LD_LIBRARY_PATH="$PWD/$BD/gpu_$AB/lib" timeout 200 "$BD/gpu_$AB/bench_cuda_ops" --model "$F" \
+      --drafter "$D" --model-only --out "$OUT/timeline_${TIMELINE}_$AB.md" >"$OUT/timeline_${TIMELINE}_$AB.log" 2>&1
+    echo "timeline $TIMELINE of gpu_$AB: exit $?"
+    grep -E "^decode|^verify|^draft|kernels, span" "$OUT/timeline_${TIMELINE}_$AB.md"
+  fi
   for i in $(seq 1 "$AB_RUNS"); do
     for B in "$G" "$BD/gpu_$AB"; do
       echo "== $B ($(tr '\n' ' ' <"$B/COMMIT"))"

@@ -10,6 +10,8 @@
 // The rows' q, k, v, decay and beta are staged in shared memory kStageRows rows at a time.
 // gdn_prepare_recurrent runs the same kernel with kPrepare: it l2-norms q / k and computes the gates
 // while staging (one launch instead of l2_norm, l2_norm, gdn_gates, gdn_recurrent and the q/k/v copies).
+#include <cstdlib>
+
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
 
@@ -43,7 +45,21 @@ struct RecurrentArgs {
   float* state_before;  // kPrepare: null, or receives the state before the rows (each CTA its columns)
   int64_t M;
   int Hk, Hv, dk, dv;
+  bool prefetch_state;  // gdn_state_prefetch()
 };
+
+// The state is last written one step earlier (decode, verify) or by the verify before a rollback: ~60
+// kernels and a full pass over the weights ago, so it comes from DRAM. Each thread asks L2 for one
+// 128-byte line of its CTA's state (a row i, the CTA's 32 columns) before pdl_wait(), so that
+// the load overlaps the previous kernel (a prefetch is only a hint: the values are read after the wait).
+// DFLASH_CUDA_GDN_STATE_PREFETCH=0 leaves it out (for an A/B).
+bool gdn_state_prefetch() {
+  static const bool v = [] {
+    const char* e = std::getenv("DFLASH_CUDA_GDN_STATE_PREFETCH");
+    return e == nullptr || *e != '0';
+  }();
+  return v;
+}
 
 // kPrepare: q, k, a, b arrive raw and are prepared while they are staged (gdn_prepare_recurrent):
 // the staged q / k rows are l2-normed in shared memory (one warp per vector: lane l sums the squares
@@ -55,6 +71,10 @@ struct RecurrentArgs {
 // prepared q / k, and only blockIdx.y == 0 writes g / beta, so each value has one writer.
 template <int kRPT, bool kPrepare>  // rows per thread: head_k <= kGroups * kRPT
 __global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const RecurrentArgs args) {
+  if (args.prefetch_state)
+    for (int i = threadIdx.x; i < args.dk; i += blockDim.x)  // the line of (row i, this CTA's first column)
+      prefetch_l2(args.state_in + static_cast<int64_t>(blockIdx.x) * args.dk * args.dv +
+                  static_cast<int64_t>(i) * args.dv + blockIdx.y * 32);
   pdl_wait();
   constexpr int D = kGroups * kRPT;
   const float* __restrict__ q = args.q;
@@ -203,8 +223,9 @@ __global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const Recur
 
 // One V head per blockIdx.x, 32 value columns per blockIdx.y; kRPT from head_k (<= kGdnMaxHeadK).
 template <bool kPrepare>
-void launch_recurrent(const RecurrentArgs& a, cudaStream_t s) {
+void launch_recurrent(RecurrentArgs a, cudaStream_t s) {
   if (a.M <= 0) return;
+  a.prefetch_state = gdn_state_prefetch();
   const dim3 grid(static_cast<unsigned>(a.Hv), ceil_div_u(a.dv, 32));
   if (a.dk <= 4 * 4)
     launch_pdl(gdn_recurrent_kernel<4, kPrepare>, grid, 128, 0, s, a);
