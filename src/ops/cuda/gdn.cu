@@ -97,12 +97,16 @@ __global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const Recur
   const int64_t head_state = static_cast<int64_t>(dk) * dv;
   const float* Sin = args.state_in + p * head_state;
   float* S0 = args.state + p * head_state;
+  // The thread's state element r is (i, j) = (grp + kGroups r, j): offset e0 + r * es within a head (int:
+  // a head is dk * dv <= 2^16 floats). One offset for every state-shaped buffer (in, out, checkpoint,
+  // snapshots), so their addresses share the arithmetic.
+  const int e0 = grp * dv + j, es = kGroups * dv;
 
   float S[kRPT];
 #pragma unroll
   for (int r = 0; r < kRPT; ++r) {
     const int i = grp + kGroups * r;
-    S[r] = (col_ok && i < dk) ? Sin[static_cast<int64_t>(i) * dv + j] : 0.0f;
+    S[r] = (col_ok && i < dk) ? Sin[e0 + r * es] : 0.0f;
   }
   if constexpr (kPrepare)
     if (args.state_before && col_ok) {  // the undo checkpoint, from the registers (no copy launch)
@@ -110,10 +114,17 @@ __global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const Recur
 #pragma unroll
       for (int r = 0; r < kRPT; ++r) {
         const int i = grp + kGroups * r;
-        if (i < dk) B0[static_cast<int64_t>(i) * dv + j] = S[r];
+        if (i < dk) B0[e0 + r * es] = S[r];
       }
     }
 
+  // Key rows dk .. D - 1 of the staging (head_k below kGroups * kRPT) stay zero, as S does there: the
+  // row loop below runs over all D rows without a branch. (Ordered before use by the stage's barrier.)
+  for (int t = threadIdx.x; t < kStageRows * (D - dk); t += blockDim.x) {
+    const int mm = t / (D - dk), i = dk + t % (D - dk);
+    ks[mm][i] = 0.0f;
+    qs[mm][i] = 0.0f;
+  }
   for (int64_t m0 = 0; m0 < M; m0 += kStageRows) {
     const int rows = static_cast<int>(M - m0 < kStageRows ? M - m0 : kStageRows);
     __syncthreads();  // the previous stage's rows are done with ks / qs / vs
@@ -174,14 +185,13 @@ __global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const Recur
       const float decay = decays[mm];
       const float b = betas[mm];
       const float vj = vs[mm][jl];
+      // Straight-line over all kRPT rows: past dk, S and the staged k / q are zero (see above), so those
+      // terms add nothing (a branch per row made the chain's code depend on ptxas' if-conversion).
       float kv = 0.0f;
 #pragma unroll
       for (int r = 0; r < kRPT; ++r) {
-        const int i = grp + kGroups * r;
-        if (i < dk) {
-          S[r] *= decay;
-          kv = fmaf(S[r], ks[mm][i], kv);
-        }
+        S[r] *= decay;
+        kv = fmaf(S[r], ks[mm][grp + kGroups * r], kv);
       }
       red[0][grp][jl] = kv;
       __syncthreads();
@@ -190,11 +200,8 @@ __global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const Recur
       float o = 0.0f;
 #pragma unroll
       for (int r = 0; r < kRPT; ++r) {
-        const int i = grp + kGroups * r;
-        if (i < dk) {
-          S[r] = fmaf(ks[mm][i], delta, S[r]);
-          o = fmaf(S[r], qs[mm][i], o);
-        }
+        S[r] = fmaf(ks[mm][grp + kGroups * r], delta, S[r]);
+        o = fmaf(S[r], qs[mm][grp + kGroups * r], o);
       }
       red[1][grp][jl] = o;
       if (snapshots && col_ok) {
@@ -202,7 +209,7 @@ __global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const Recur
 #pragma unroll
         for (int r = 0; r < kRPT; ++r) {
           const int i = grp + kGroups * r;
-          if (i < dk) snap[static_cast<int64_t>(i) * dv + j] = S[r];
+          if (i < dk) snap[e0 + r * es] = S[r];
         }
       }
       __syncthreads();
@@ -216,7 +223,7 @@ __global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const Recur
 #pragma unroll
     for (int r = 0; r < kRPT; ++r) {
       const int i = grp + kGroups * r;
-      if (i < dk) S0[static_cast<int64_t>(i) * dv + j] = S[r];
+      if (i < dk) S0[e0 + r * es] = S[r];
     }
   }
 }
