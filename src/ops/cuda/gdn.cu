@@ -2,9 +2,11 @@
 //
 // Columns j of a head's state S[i][j] (i = key dim, j = value dim) evolve independently given the
 // sums over i, so a block takes one V head and 32 value columns: thread (g, jl) owns column j0 + jl and
-// the key rows i = g, g + 4, g + 8, ... in registers (4 row groups). Per row:
+// the key rows i = g, g + G, g + 2G, ... in registers (G = kG row groups, one warp each). Per row:
 //   S *= exp(g);  kv = S^T k;  delta = (v - kv) * beta;  S += k delta^T;  o = S^T q
-// each sum over i = the group's partial (its rows in increasing order) combined as (g0 + g1) + (g2 + g3).
+// each sum over i = the group's partial (its rows in increasing order), the G partials added in a fixed
+// pairwise tree (G = 4: (g0 + g1) + (g2 + g3)). G is a device setting (gdn_groups()), never a function of
+// M, so one row and a verify block get the same bits.
 // The state is read from state_in (rollback's replay starts from its checkpoint; in place otherwise), stays
 // in registers across the M rows and is written to state; snapshots get the state after each row.
 // The rows' q, k, v, decay and beta are staged in shared memory kStageRows rows at a time.
@@ -18,7 +20,29 @@
 namespace dflash::cuda {
 namespace {
 
-constexpr int kGroups = 4;
+// Row groups (warps) per CTA: DFLASH_CUDA_GDN_GROUPS=4 or 8 (default 8: twice the warps and half the
+// serial chain per row of the 4 of rounds 2-8; the sums are grouped differently, so the bits differ
+// between the two settings, never between row counts).
+int gdn_groups() {
+  static const int v = [] {
+    const char* e = std::getenv("DFLASH_CUDA_GDN_GROUPS");
+    return e != nullptr && std::atoi(e) == 4 ? 4 : 8;
+  }();
+  return v;
+}
+
+// The kG partial sums of column jl in a fixed pairwise tree.
+template <int kG>
+__device__ __forceinline__ float group_sum(const float (&red)[kG][32], int jl) {
+  float v[kG];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) v[g] = red[g][jl];
+#pragma unroll
+  for (int w = 1; w < kG; w <<= 1)
+#pragma unroll
+    for (int g = 0; g + w < kG; g += 2 * w) v[g] += v[g + w];
+  return v[0];
+}
 
 constexpr int kStageRows = 8;  // rows whose inputs are staged in shared memory at once (the verify block)
 
@@ -69,8 +93,9 @@ bool gdn_state_prefetch() {
 // kPrepare false) reproduces the state and output bit for bit. Every CTA of a V head recomputes its K
 // head's norms; only the CTA with blockIdx.y == 0 and p < Hk (p is then its own K head) writes the
 // prepared q / k, and only blockIdx.y == 0 writes g / beta, so each value has one writer.
-template <int kRPT, bool kPrepare>  // rows per thread: head_k <= kGroups * kRPT
-__global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const RecurrentArgs args) {
+template <int kG, int kRPT, bool kPrepare>  // row groups, rows per thread: head_k <= kG * kRPT
+__global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const RecurrentArgs args) {
+  constexpr int kGroups = kG;
   if (args.prefetch_state)
     for (int i = threadIdx.x; i < args.dk; i += blockDim.x)  // the line of (row i, this CTA's first column)
       prefetch_l2(args.state_in + static_cast<int64_t>(blockIdx.x) * args.dk * args.dv +
@@ -88,7 +113,7 @@ __global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const Recur
   // Inputs of up to kStageRows rows at a time: their loads are all in flight together, instead of one
   // global round trip per row (verify's 8 rows).
   __shared__ float ks[kStageRows][D], qs[kStageRows][D], vs[kStageRows][32], decays[kStageRows], betas[kStageRows];
-  __shared__ float red[2][kGroups][32];
+  __shared__ float red[2][kGroups][32];  // the groups' partials of kv (0) and o (1)
   const int p = blockIdx.x;
   const int kh = p % Hk;
   const int jl = threadIdx.x & 31, grp = threadIdx.x >> 5;
@@ -195,7 +220,7 @@ __global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const Recur
       }
       red[0][grp][jl] = kv;
       __syncthreads();
-      const float kv_all = (red[0][0][jl] + red[0][1][jl]) + (red[0][2][jl] + red[0][3][jl]);
+      const float kv_all = group_sum<kGroups>(red[0], jl);
       const float delta = (vj - kv_all) * b;
       float o = 0.0f;
 #pragma unroll
@@ -214,7 +239,7 @@ __global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const Recur
       }
       __syncthreads();
       if (grp == 0 && col_ok)
-        args.out[(m * Hv + p) * dv + j] = (red[1][0][jl] + red[1][1][jl]) + (red[1][2][jl] + red[1][3][jl]);
+        args.out[(m * Hv + p) * dv + j] = group_sum<kGroups>(red[1], jl);
       // the next row overwrites red[0]; red[1] is read above before the next row's second barrier
       __syncthreads();
     }
@@ -228,22 +253,30 @@ __global__ void __launch_bounds__(kGroups * 32) gdn_recurrent_kernel(const Recur
   }
 }
 
-// One V head per blockIdx.x, 32 value columns per blockIdx.y; kRPT from head_k (<= kGdnMaxHeadK).
+// One V head per blockIdx.x, 32 value columns per blockIdx.y, kG warps; kRPT the fewest rows per thread
+// that cover head_k (<= kGdnMaxHeadK).
+template <int kG, bool kPrepare>
+void launch_recurrent_groups(const RecurrentArgs& a, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(a.Hv), ceil_div_u(a.dv, 32));
+  if (a.dk <= kG * 4)
+    launch_pdl(gdn_recurrent_kernel<kG, 4, kPrepare>, grid, kG * 32, 0, s, a);
+  else if (a.dk <= kG * 8)
+    launch_pdl(gdn_recurrent_kernel<kG, 8, kPrepare>, grid, kG * 32, 0, s, a);
+  else if (a.dk <= kG * 16)
+    launch_pdl(gdn_recurrent_kernel<kG, 16, kPrepare>, grid, kG * 32, 0, s, a);
+  else if (a.dk <= kG * 32)
+    launch_pdl(gdn_recurrent_kernel<kG, 32, kPrepare>, grid, kG * 32, 0, s, a);
+  else
+    launch_pdl(gdn_recurrent_kernel<kG, 64, kPrepare>, grid, kG * 32, 0, s, a);
+}
 template <bool kPrepare>
 void launch_recurrent(RecurrentArgs a, cudaStream_t s) {
   if (a.M <= 0) return;
   a.prefetch_state = gdn_state_prefetch();
-  const dim3 grid(static_cast<unsigned>(a.Hv), ceil_div_u(a.dv, 32));
-  if (a.dk <= 4 * 4)
-    launch_pdl(gdn_recurrent_kernel<4, kPrepare>, grid, 128, 0, s, a);
-  else if (a.dk <= 4 * 8)
-    launch_pdl(gdn_recurrent_kernel<8, kPrepare>, grid, 128, 0, s, a);
-  else if (a.dk <= 4 * 16)
-    launch_pdl(gdn_recurrent_kernel<16, kPrepare>, grid, 128, 0, s, a);
-  else if (a.dk <= 4 * 32)
-    launch_pdl(gdn_recurrent_kernel<32, kPrepare>, grid, 128, 0, s, a);
+  if (gdn_groups() == 4)
+    launch_recurrent_groups<4, kPrepare>(a, s);
   else
-    launch_pdl(gdn_recurrent_kernel<64, kPrepare>, grid, 128, 0, s, a);
+    launch_recurrent_groups<8, kPrepare>(a, s);
 }
 
 }  // namespace
