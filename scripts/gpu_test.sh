@@ -118,7 +118,13 @@ DEST=${OUT:-}
 OUT=$PWD/out-gpu
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$G/lib:${LD_LIBRARY_PATH:-}"
-[ -x "$G/test_cuda" ] || [ ! -f $BD/gpu.tgz ] || tar xzf $BD/gpu.tgz -C $BD
+# A warm machine keeps the last call's gpu/: unpack the carried build again when it is another commit.
+fresh_unpack() {  # $1: the .tgz, $2: the folder it holds
+  [ -f "$1" ] || return 0
+  [ -f "$2/COMMIT" ] && [ "$(tar xzf "$1" -O "$(basename "$2")/COMMIT" 2>/dev/null)" = "$(cat "$2/COMMIT")" ] && return 0
+  rm -rf "$2" && tar xzf "$1" -C "$(dirname "$2")"
+}
+fresh_unpack $BD/gpu.tgz "$G"
 [ -x "$G/test_cuda" ] || { echo "no $G/test_cuda: run scripts/gpu_test.sh --stage first and carry $G" >&2; exit 2; }
 {
   echo "commit: $(cat $G/COMMIT | tr '\n' ' ')"
@@ -219,7 +225,7 @@ if [ -n "$AB" ]; then
   # The current build against gpu_$AB (--stage-ab), alternating, on the 27B pair (written if missing).
   F=/tmp/bonsai27-${DBENCH:-ptq1_0}.gguf D=/tmp/drafter27.gguf
   ensure_27b "${DBENCH:-ptq1_0}"
-  [ -d "$BD/gpu_$AB" ] || tar xzf "$BD/gpu_$AB.tgz" -C "$BD"
+  fresh_unpack "$BD/gpu_$AB.tgz" "$BD/gpu_$AB"
   if [ -n "$TIMELINE" ]; then  # the other build's timeline too, for a kernel-by-kernel comparison
     DFLASH_STEP_TIMELINE=1 LD_LIBRARY_PATH="$PWD/$BD/gpu_$AB/lib" timeout 200 "$BD/gpu_$AB/bench_cuda_ops" --model "$F" \
       --drafter "$D" --model-only --out "$OUT/timeline_${TIMELINE}_$AB.md" >"$OUT/timeline_${TIMELINE}_$AB.log" 2>&1
