@@ -392,17 +392,7 @@ mm_blocks_split_kernel(const SplitGroup grp, int64_t K, const float* __restrict_
     }
   };
   // The weights never come from an earlier kernel (uploaded and synchronized): the first batch's loads
-  // start before pdl_wait(), while the previous kernel drains, and L2 is asked for the bytes of the warp's
-  // later chunks (each would otherwise cost one DRAM round trip inside the loop: GDN alpha | beta at 8
-  // rows, U = 1). A prefetch is a hint: nothing changes but when the bytes arrive.
-  {
-    const int64_t lo = c_begin * 256 * static_cast<int64_t>(row_stride) / K;
-    const int64_t hi = std::min<int64_t>(static_cast<int64_t>(row_stride),
-                                         (c_end * 256 * static_cast<int64_t>(row_stride) + K - 1) / K + 128);
-#pragma unroll
-    for (int i = 0; i < NR; ++i)
-      for (int64_t b = (lo & ~int64_t{127}) + 128 * lane; b < hi; b += 32 * 128) prefetch_l2(rows[i] + b);
-  }
+  // start before pdl_wait(), while the previous kernel drains.
   load_weights(c_begin);
   pdl_wait();
   for (int64_t c = c_begin;;) {
