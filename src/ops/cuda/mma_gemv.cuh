@@ -117,7 +117,6 @@ struct MmaArgs {
   const uint8_t* xq;    // quantized activations [M][nblk][384 B]
   const int32_t* meta;  // [M][nblk][4]
   int64_t M;
-  bool signal;  // one row: signal the dependents after the wait (mma_one_row_signal())
   int nblk, ks;
   int kb[9];  // the k split's block boundaries: CTA z takes blocks kb[z] .. kb[z + 1] (no division on the device)
 };
@@ -303,7 +302,7 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q)
     if (q < nj) issue_weights<F>(src, static_cast<int64_t>(q) * F::kWarps, lane, ring + q * sb);
-  pdl_wait(a.M == 1 && a.signal);
+  pdl_wait(a.M == 1);
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q) {
     if (q < nj) issue_acts<F>(src, static_cast<int64_t>(q) * F::kWarps, a.nblk, mc, lane, ring + q * sb);
@@ -406,16 +405,6 @@ inline bool mma_wide_alt() {
   return v;
 }
 
-// DFLASH_CUDA_MM_SIGNAL=0: the one-row matmul does not signal its dependents early either (for an A/B of
-// the next kernel's early residency; scheduling only, the same bits).
-inline bool mma_one_row_signal() {
-  static const bool v = [] {
-    const char* e = std::getenv("DFLASH_CUDA_MM_SIGNAL");
-    return e == nullptr || *e != '0';
-  }();
-  return v;
-}
-
 inline int mma_splits_for(int64_t ctas, int64_t in, int num_sms, int ctas_per_sm, int warps) {
   const int64_t nblk = in / 128;
   // As many CTAs as fit in one wave: a GEMV needs warps for bytes in flight, and a second wave would
@@ -440,7 +429,6 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
   if (n <= 0 || n > kTernaryMaxGroup || M <= 0) return;
   MmaArgs a{};
   a.nparts = n;
-  a.signal = mma_one_row_signal();
   const int64_t in = ws[0]->in;
   a.nblk = static_cast<int>(in / 128);
   int64_t gx = 0;
