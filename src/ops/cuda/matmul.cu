@@ -331,10 +331,12 @@ inline int split_warps(int64_t in) {
 
 template <int T, int R>
 struct SplitCfg {
-  static constexpr int NR = R <= 2 ? 1 : 2;  // outputs per CTA
+  // Outputs per CTA: 2 at 3-4 rows; 1 at 5-8 rows, where the registers go to loading 2 chunks at once
+  // instead (GDN alpha | beta in verify: 2-3 chunks per warp, each a serial L2 round trip at U = 1).
+  static constexpr int NR = R <= 2 || R > 4 ? 1 : 2;
   // Chunks per load batch (registers: 8 U (NR + R)). The base-3 decoders (TQ1_0, PTQ1_0) are too long
   // to unroll U times: their weight arrays would go to local memory, so they load one chunk at a time.
-  static constexpr int U = (T == kTQ1_0 || T == kPTQ1_0) ? 1 : R <= 2 ? 4 : (R <= 4 ? 2 : 1);
+  static constexpr int U = (T == kTQ1_0 || T == kPTQ1_0) ? 1 : R <= 2 ? 4 : 2;
 };
 
 // Up to kTernaryMaxGroup weights of one type and K that share the input x, in one launch (matmul_group:
