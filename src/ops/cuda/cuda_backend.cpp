@@ -59,30 +59,30 @@ class CudaBackend final : public Backend {
     desc_ = prop.name;
     num_sms_ = prop.multiProcessorCount;
     smem_optin_ = prop.sharedMemPerBlockOptin;
-    debug_ = env_flag("DFLASH_CUDA_DEBUG", false);
+    debug_ = cuda::env_flag("DFLASH_CUDA_DEBUG", false);
     // Graphs replay what was captured, so a fault would name no op: debug mode runs ops directly.
-    graphs_ = env_flag("DFLASH_CUDA_GRAPHS", true) && !debug_;
+    graphs_ = cuda::env_flag("DFLASH_CUDA_GRAPHS", true) && !debug_;
     // PQ2_0 / PTQ1_0 layout: integer tensor cores (default), or DFLASH_CUDA_TERNARY_MMA=0 for the
     // planar CUDA-core layout of round 1 (kept for comparison).
-    ternary_mma_ = env_flag("DFLASH_CUDA_TERNARY_MMA", true);
+    ternary_mma_ = cuda::env_flag("DFLASH_CUDA_TERNARY_MMA", true);
     // Matmul-input chains (norm or SwiGLU, rotation, quantization) as one kernel (chain.cu);
     // DFLASH_CUDA_CHAIN=0 runs the separate kernels (for comparison).
-    chain_ = env_flag("DFLASH_CUDA_CHAIN", true);
+    chain_ = cuda::env_flag("DFLASH_CUDA_CHAIN", true);
     // Q4_K / Q6_K layout: integer tensor cores (default), or DFLASH_CUDA_KQUANT_MMA=0 for the file's
     // blocks and the CUDA-core dequantize-and-fma kernel (kept for comparison).
-    kquant_mma_ = env_flag("DFLASH_CUDA_KQUANT_MMA", true);
+    kquant_mma_ = cuda::env_flag("DFLASH_CUDA_KQUANT_MMA", true);
     // attention_prep as one kernel; DFLASH_CUDA_FUSED_PREP=0 runs the op sequence (for comparison).
-    fused_prep_ = env_flag("DFLASH_CUDA_FUSED_PREP", true);
+    fused_prep_ = cuda::env_flag("DFLASH_CUDA_FUSED_PREP", true);
     // matmul_group of small block-layout weights (GDN alpha | beta) in one launch; =0: one each.
-    split_group_ = env_flag("DFLASH_CUDA_SPLIT_GROUP", true);
-    chain_plain_ = env_flag("DFLASH_CUDA_CHAIN_PLAIN", true);
+    split_group_ = cuda::env_flag("DFLASH_CUDA_SPLIT_GROUP", true);
+    chain_plain_ = cuda::env_flag("DFLASH_CUDA_CHAIN_PLAIN", true);
     // gated_norm_rotate (GDN's output norm, the ssm_out gather, rotation, quantization) as one kernel.
-    gated_chain_ = env_flag("DFLASH_CUDA_CHAIN_GATED", true);
-    prefill_xq_ = env_flag("DFLASH_CUDA_PREFILL_XQ", false);
+    gated_chain_ = cuda::env_flag("DFLASH_CUDA_CHAIN_GATED", true);
+    prefill_xq_ = cuda::env_flag("DFLASH_CUDA_PREFILL_XQ", false);
     // sigmoid_gate_rotate (the gated attention output, wo's rotation and quantization) as one kernel.
-    sigmoid_chain_ = env_flag("DFLASH_CUDA_CHAIN_SIGMOID", true);
+    sigmoid_chain_ = cuda::env_flag("DFLASH_CUDA_CHAIN_SIGMOID", true);
     // matmul_prefill_group as one tensor-core launch; =0: one launch per weight.
-    prefill_group_ = env_flag("DFLASH_CUDA_PREFILL_GROUP", true);
+    prefill_group_ = cuda::env_flag("DFLASH_CUDA_PREFILL_GROUP", true);
     skip_ = parse_skip();
   }
 
@@ -874,11 +874,6 @@ class CudaBackend final : public Backend {
     return true;
   }
 
-  static bool env_flag(const char* name, bool dflt) {
-    const char* v = std::getenv(name);
-    if (v == nullptr || *v == '\0') return dflt;
-    return std::string_view(v) != "0";
-  }
   void not_capturing(const char* what) const {
     DFLASH_CHECK(!capturing_, "cuda: {} is not allowed while a step graph is being captured", what);
   }
@@ -949,11 +944,14 @@ std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique
 
 namespace cuda {
 
+bool env_flag(const char* name, bool dflt) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return dflt;
+  return std::string_view(v) != "0";
+}
+
 bool pdl_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("DFLASH_CUDA_PDL");
-    return v == nullptr || *v == '\0' || std::string_view(v) != "0";
-  }();
+  static const bool on = env_flag("DFLASH_CUDA_PDL", true);
   return on;
 }
 

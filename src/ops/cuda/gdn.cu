@@ -78,10 +78,7 @@ struct RecurrentArgs {
 // the load overlaps the previous kernel (a prefetch is only a hint: the values are read after the wait).
 // DFLASH_CUDA_GDN_STATE_PREFETCH=0 leaves it out (for an A/B).
 bool gdn_state_prefetch() {
-  static const bool v = [] {
-    const char* e = std::getenv("DFLASH_CUDA_GDN_STATE_PREFETCH");
-    return e == nullptr || *e != '0';
-  }();
+  static const bool v = env_flag("DFLASH_CUDA_GDN_STATE_PREFETCH", true);
   return v;
 }
 
@@ -126,6 +123,12 @@ __global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const Recurre
   // a head is dk * dv <= 2^16 floats). One offset for every state-shaped buffer (in, out, checkpoint,
   // snapshots), so their addresses share the arithmetic.
   const int e0 = grp * dv + j, es = kGroups * dv;
+  // The thread's state elements (rows below dk) into one state-shaped buffer of this head.
+  const auto store_state = [&](float* head, const float (&st)[kRPT]) {
+#pragma unroll
+    for (int r = 0; r < kRPT; ++r)
+      if (grp + kGroups * r < dk) head[e0 + r * es] = st[r];
+  };
 
   float S[kRPT];
 #pragma unroll
@@ -134,14 +137,8 @@ __global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const Recurre
     S[r] = (col_ok && i < dk) ? Sin[e0 + r * es] : 0.0f;
   }
   if constexpr (kPrepare)
-    if (args.state_before && col_ok) {  // the undo checkpoint, from the registers (no copy launch)
-      float* B0 = args.state_before + p * head_state;
-#pragma unroll
-      for (int r = 0; r < kRPT; ++r) {
-        const int i = grp + kGroups * r;
-        if (i < dk) B0[e0 + r * es] = S[r];
-      }
-    }
+    if (args.state_before && col_ok)  // the undo checkpoint, from the registers (no copy launch)
+      store_state(args.state_before + p * head_state, S);
 
   // Key rows dk .. D - 1 of the staging (head_k below kGroups * kRPT) stay zero, as S does there: the
   // row loop below runs over all D rows without a branch. (Ordered before use by the stage's barrier.)
@@ -229,14 +226,7 @@ __global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const Recurre
         o = fmaf(S[r], qs[mm][grp + kGroups * r], o);
       }
       red[1][grp][jl] = o;
-      if (snapshots && col_ok) {
-        float* snap = snapshots + m * static_cast<int64_t>(Hv) * head_state + p * head_state;
-#pragma unroll
-        for (int r = 0; r < kRPT; ++r) {
-          const int i = grp + kGroups * r;
-          if (i < dk) snap[e0 + r * es] = S[r];
-        }
-      }
+      if (snapshots && col_ok) store_state(snapshots + m * static_cast<int64_t>(Hv) * head_state + p * head_state, S);
       __syncthreads();
       if (grp == 0 && col_ok)
         args.out[(m * Hv + p) * dv + j] = group_sum<kGroups>(red[1], jl);
@@ -244,13 +234,7 @@ __global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const Recurre
       __syncthreads();
     }
   }
-  if (col_ok) {
-#pragma unroll
-    for (int r = 0; r < kRPT; ++r) {
-      const int i = grp + kGroups * r;
-      if (i < dk) S0[e0 + r * es] = S[r];
-    }
-  }
+  if (col_ok) store_state(S0, S);
 }
 
 // One V head per blockIdx.x, 32 value columns per blockIdx.y, kG warps; kRPT the fewest rows per thread

@@ -12,6 +12,10 @@
 
 namespace dflash::cuda {
 
+// A runtime switch from the environment (cuda_backend.cpp): unset or empty -> dflt, "0" -> false, anything
+// else -> true. Callers read it once (a function-local static): the switches are per process.
+bool env_flag(const char* name, bool dflt);
+
 // ---- weight layouts (matmul.cu) -----------------------------------------------------------------
 // How a weight lives on the device.
 enum class Layout : int {

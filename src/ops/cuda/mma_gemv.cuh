@@ -398,10 +398,7 @@ inline int mma_ctas_per_sm(int format_default) {
 // DFLASH_CUDA_WIDE_STAGES_ALT=1: the format's alternative ring depth for 5-8 activation rows
 // (kStagesWideAlt; scheduling only, the bits are the same), for comparison.
 inline bool mma_wide_alt() {
-  static const bool v = [] {
-    const char* e = std::getenv("DFLASH_CUDA_WIDE_STAGES_ALT");
-    return e != nullptr && *e != '\0' && *e != '0';
-  }();
+  static const bool v = env_flag("DFLASH_CUDA_WIDE_STAGES_ALT", false);
   return v;
 }
 
