@@ -1,7 +1,7 @@
 // bench_cuda_ops: CUDA backend throughput against the measured streaming-read floor.
 //
 //   bench_cuda_ops [--quick] [--model FILE.gguf [--model-only] [--tokens N]] [--gdn] [--prefill] [--attn-prefill]
-//                  [--matmul TYPE[:SHAPE] [--warm-l2]] [--out FILE.md]
+//                  [--attention] [--matmul TYPE[:SHAPE] [--warm-l2]] [--out FILE.md]
 //
 // --matmul runs section 2 alone for one type (and shape, e.g. ptq1_0:attn_qkv: a target for ncu);
 // --warm-l2 then times one copy of the matrix, served from L2 when it fits (latency vs bandwidth).
@@ -12,7 +12,7 @@
 //    a decode step must read), % of floor = that / floor; "dev GB/s" counts the device layout (PTQ1_0
 //    is transcoded to 2-bit codes, 21 % more bytes). Each timing rotates over enough copies of the
 //    matrix (>= 256 MB) that L2 (50 MB) cannot serve repeats. M8/M1 = cost ratio of a verify block.
-// 3. Other decode-step ops at 27B shapes (times only).
+// 3. Other decode-step ops at 27B shapes (times only); the attention rows alone with --attention.
 // 4. With --model: whole-model decode tok/s (1-row forwards, logits of the last row + argmax) and
 //    8-row verify forwards, against the floor (bytes the step reads / floor).
 // 5. Prefill GDN (bench_gdn_prefill, also alone with --gdn): gdn_chunked (WY kernels) against the
@@ -186,6 +186,51 @@ void bench_matmul_prefill(Backend& be, Out& out) {
   out.line("");
 }
 
+// Decode / verify attention (Backend::attention) at the 27B shape and the 27B drafter's block, in us per
+// call inside a graph of 20 (and one launch, event-timed): M = 1 and M = 8 causal rows at the end of
+// the cache, from short to long contexts. Also alone with --attention.
+void bench_attention_decode(Backend& be, Out& out) {
+  out.line("| op | shape | us (one launch, events) | us (in a graph of 20) |");
+  out.line("|---|---|---|---|");
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto dev_rand = [&](size_t n, float scale = 1.0f) {
+    std::vector<float> h(n);
+    for (auto& v : h) v = nd(rng) * scale;
+    float* d = static_cast<float*>(be.alloc(n * 4));
+    be.upload(d, h.data(), n * 4);
+    return d;
+  };
+  auto row = [&](const std::string& op, const std::string& shape, const std::function<void()>& fn) {
+    out.line(fmt::format("| {} | {} | {:.1f} | {:.1f} |", op, shape, 1e3 * cuda::time_ms(be, 3, 50, fn),
+                         1e3 * cuda::time_graph_ms(be, 20, 10, fn)));
+  };
+  for (int64_t keys : {100, 576, 1024, 4096, 32768}) {
+    float* kc = dev_rand(keys * 4 * 256);
+    float* vc = dev_rand(keys * 4 * 256);
+    float* q = dev_rand(8 * 24 * 256, 0.06f);
+    float* o = dev_rand(8 * 24 * 256);
+    int32_t* rng_d = static_cast<int32_t*>(be.alloc(16 * 4));
+    std::vector<int32_t> hr;
+    for (int m = 0; m < 8; ++m) hr.insert(hr.end(), {0, static_cast<int32_t>(keys - 8 + m + 1)});
+    be.upload(rng_d, hr.data(), hr.size() * 4);
+    row("attention", fmt::format("M=1, 24/4 heads x 256, {} keys", keys),
+        [&] { be.attention(q, kc, vc, rng_d + 14, o, 1, 24, 4, 256, 0.0625f); });
+    row("attention", fmt::format("M=8, {} keys", keys),
+        [&] { be.attention(q, kc, vc, rng_d, o, 8, 24, 4, 256, 0.0625f); });
+    // the 27B drafter's block: 8 rows over the whole context, 32 / 8 heads x 128 (same cache bytes)
+    std::vector<int32_t> hd(16);
+    for (int m = 0; m < 8; ++m) hd[2 * m] = 0, hd[2 * m + 1] = static_cast<int32_t>(keys);
+    int32_t* rng_dr = static_cast<int32_t*>(be.alloc(16 * 4));
+    be.upload(rng_dr, hd.data(), hd.size() * 4);
+    row("attention", fmt::format("M=8 drafter 32/8 heads x 128, {} keys", keys),
+        [&] { be.attention(q, kc, vc, rng_dr, o, 8, 32, 8, 128, 0.0884f); });
+    be.release(rng_dr);
+    for (float* p : {kc, vc, q, o}) be.release(p);
+    be.release(rng_d);
+  }
+}
+
 // Prefill attention at the 27B shape: attention_prefill (attention_prefill.cu, tf32 mma) against attention()
 // for M causal rows at the end of a cache of `keys` keys, median of 20 calls (10 for attention()).
 // TFLOP/s counts the causal work only: 4 D H sum over rows of (keys seen).
@@ -230,7 +275,8 @@ void bench_attention_prefill(Backend& be, Out& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, model_only = false, gdn_only = false, prefill_only = false, attn_prefill_only = false;
+  bool quick = false, model_only = false, gdn_only = false, prefill_only = false, attn_prefill_only = false,
+       attn_only = false;
   std::string model_path, drafter_path, out_path, only_type, only_shape;  // --matmul TYPE[:SHAPE]: that matmul alone
   bool warm_l2 = false;  // --warm-l2: one copy of the matrix (served from L2 when it fits): the L2 bound
   int n_tokens = 64;
@@ -242,6 +288,7 @@ int main(int argc, char** argv) {
     else if (a == "--gdn") gdn_only = true;
     else if (a == "--prefill") prefill_only = true;
     else if (a == "--attn-prefill") attn_prefill_only = true;
+    else if (a == "--attention") attn_only = true;
     else if (a == "--model" && i + 1 < argc) model_path = argv[++i];
     else if (a == "--drafter" && i + 1 < argc) drafter_path = argv[++i];
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
@@ -253,7 +300,7 @@ int main(int argc, char** argv) {
       if (colon != std::string::npos) only_shape = v.substr(colon + 1);
     } else {
       fmt::print(stderr,
-                 "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--attn-prefill] [--matmul TYPE[:SHAPE] [--warm-l2]] [--out FILE.md]\n");
+                 "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--attn-prefill] [--attention] [--matmul TYPE[:SHAPE] [--warm-l2]] [--out FILE.md]\n");
       return 2;
     }
   }
@@ -265,6 +312,11 @@ int main(int argc, char** argv) {
     Out out;
     auto be = make_cuda_backend(0);
     out.line(fmt::format("device: {}", cuda_device_description(0)));
+    if (attn_only) {  // the decode / verify attention rows of section 3 alone
+      bench_attention_decode(*be, out);
+      if (!out_path.empty()) std::ofstream(out_path) << out.md;
+      return 0;
+    }
     if (attn_prefill_only) {  // section 7 alone
       bench_attention_prefill(*be, out);
       if (!out_path.empty()) std::ofstream(out_path) << out.md;
@@ -404,30 +456,7 @@ int main(int argc, char** argv) {
       for (int i = 0; i < 8; ++i) hp[i] = 4000 + i;
       be->upload(pos, hp.data(), 32);
       row("rope_neox", "1x24x256 (64 rot)", [&] { be->rope_neox(x, pos, 1, 24, 256, 64, 1e7f); });
-      for (int64_t keys : {576, 1024, 4096, 32768}) {
-        float* kc = dev_rand(keys * 4 * 256);
-        float* vc = dev_rand(keys * 4 * 256);
-        float* q = dev_rand(8 * 24 * 256, 0.06f);
-        float* o = dev_rand(8 * 24 * 256);
-        int32_t* rng_d = static_cast<int32_t*>(be->alloc(16 * 4));
-        std::vector<int32_t> hr;
-        for (int m = 0; m < 8; ++m) hr.insert(hr.end(), {0, static_cast<int32_t>(keys - 8 + m + 1)});
-        be->upload(rng_d, hr.data(), hr.size() * 4);
-        row("attention", fmt::format("M=1, 24/4 heads x 256, {} keys", keys),
-            [&] { be->attention(q, kc, vc, rng_d + 14, o, 1, 24, 4, 256, 0.0625f); });
-        row("attention", fmt::format("M=8, {} keys", keys),
-            [&] { be->attention(q, kc, vc, rng_d, o, 8, 24, 4, 256, 0.0625f); });
-        // the 27B drafter's block: 8 rows over the whole context, 32 / 8 heads x 128 (same cache bytes)
-        std::vector<int32_t> hd(16);
-        for (int m = 0; m < 8; ++m) hd[2 * m] = 0, hd[2 * m + 1] = static_cast<int32_t>(keys);
-        int32_t* rng_dr = static_cast<int32_t*>(be->alloc(16 * 4));
-        be->upload(rng_dr, hd.data(), hd.size() * 4);
-        row("attention", fmt::format("M=8 drafter 32/8 heads x 128, {} keys", keys),
-            [&] { be->attention(q, kc, vc, rng_dr, o, 8, 32, 8, 128, 0.0884f); });
-        be->release(rng_dr);
-        for (float* p : {kc, vc, q, o}) be->release(p);
-        be->release(rng_d);
-      }
+      bench_attention_decode(*be, out);
       {
         const GdnShape s{16, 48, 128, 128};
         float* st = dev_rand(48 * 128 * 128, 0.1f);

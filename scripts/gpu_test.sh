@@ -17,6 +17,9 @@
 #       --dflash-bench TYPE writes the synthetic 27B target of TYPE and the 27B-shaped drafter
 #       (`dflash synth-drafter --preset qwen38-27b`) and runs `dflash bench --device cuda` on the pair
 #       (repetitions $DBENCH_REPS, default 2; extra bench options in $DBENCH_ARGS).
+#       --attention times the decode / verify attention alone (bench_cuda_ops --attention) with the
+#       default kernels, with the cluster kernel (DFLASH_CUDA_ATTN_SEGMENTS=0) and with each ';'-separated
+#       set of assignments in $ATTN_ENV (e.g. ATTN_ENV='DFLASH_CUDA_ATTN_ROWS=1'): $OUT/attention.md.
 #       --sass NAME writes the opcode histogram of the kernels whose name contains NAME
 #       (tools/sass_opcodes.py; e.g. --sass mm_mma_kernel).
 #       --profile-step TYPE profiles one decode step of that 27B target with ncu and writes the
@@ -90,7 +93,7 @@ if [ "${1:-}" = "--stage" ]; then
   exit 0
 fi
 
-TIMELINE="" RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64 DBENCH="" PROFILE="" PROFILE_KIND=decode SASS="" AB="" AB_RUNS=2 ENVAB="" ENVAB_PP=0
+ATTN=0 TIMELINE="" RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64 DBENCH="" PROFILE="" PROFILE_KIND=decode SASS="" AB="" AB_RUNS=2 ENVAB="" ENVAB_PP=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-test) RUN_TEST=0 ;;
@@ -103,6 +106,7 @@ while [ $# -gt 0 ]; do
     --profile-prefill) PROFILE="$2"; PROFILE_KIND=prefill; shift ;;
     --profile-draft) PROFILE="$2"; PROFILE_KIND=draft; shift ;;
     --timeline) TIMELINE="$2"; shift ;;
+    --attention) ATTN=1 ;;
     --sass) SASS="$2"; shift ;;
     --ab) AB="$2"; shift ;;
     --ab-runs) AB_RUNS="$2"; shift ;;
@@ -181,6 +185,19 @@ if [ -n "$DBENCH" ]; then
     >"$OUT/dflash_bench_$DBENCH.md" 2>"$OUT/dflash_bench_$DBENCH.log"
   echo "dflash bench $DBENCH: exit $? in $(( $(date +%s) - t0 )) s"
   cat "$OUT/dflash_bench_$DBENCH.md"; tail -5 "$OUT/dflash_bench_$DBENCH.log"
+fi
+
+if [ $ATTN = 1 ]; then
+  # Decode / verify attention alone (bench_cuda_ops --attention): the default kernels, then the cluster
+  # kernel (DFLASH_CUDA_ATTN_SEGMENTS=0), one table each in $OUT/attention.md.
+  t0=$(date +%s)
+  IFS=';' read -r -a AENV <<<"DFLASH_CUDA_ATTN_SEGMENTS=0${ATTN_ENV:+;$ATTN_ENV}"
+  { echo "### attention: defaults"; timeout 200 "$G/bench_cuda_ops" --attention; echo
+    for E in "${AENV[@]}"; do
+      echo "### attention: $E"; env $E timeout 200 "$G/bench_cuda_ops" --attention; echo
+    done; } >"$OUT/attention.md" 2>&1
+  echo "attention: $(( $(date +%s) - t0 )) s"
+  cat "$OUT/attention.md"
 fi
 
 if [ -n "$SASS" ]; then
@@ -268,7 +285,7 @@ if [ -n "$DEST" ] && [ "$(cd "$DEST" 2>/dev/null && pwd -P)" != "$(cd "$OUT" && 
   mkdir -p "$DEST"
   n=0
   for f in "$OUT"/test_cuda_table.md "$OUT"/dflash_bench_*.md "$OUT"/timeline_*.md "$OUT"/step_breakdown_*.md \
-    "$OUT"/ab_*.txt "$OUT"/env_ab.txt "$OUT"/bench.md "$OUT"/bench_model_*.md; do
+    "$OUT"/ab_*.txt "$OUT"/env_ab.txt "$OUT"/attention.md "$OUT"/bench.md "$OUT"/bench_model_*.md; do
     [ -f "$f" ] && [ $n -lt 7 ] && cp "$f" "$DEST/" && n=$((n + 1))
   done
   tar czf "$DEST/gpu_logs.tgz" -C "$OUT" . && echo "logs: $DEST/gpu_logs.tgz; tables: $n in $DEST"

@@ -565,6 +565,24 @@ TEST(CudaOps, Attention) {
   attention_case(6, 24, 2, 48, 700, {0, 1, 0, 700, 650, 700, 1, 513, 31, 32, 0, 0}, 34, "12 heads per kv head");
   attention_case(3, 9, 1, 32, 200, {5, 199, 0, 200, 64, 96}, 35, "9 heads, 1 kv head");
   attention_case(2, 8, 2, 512, 300, {0, 300, 3, 270}, 36, "head_dim 512");
+  // Segment kernel (attention_segments.cu): 32 segments of ceil(tiles / 32) tiles per row. Long ranges
+  // (several tiles per segment, the last segments shorter), causal verify rows whose tile counts cross a
+  // multiple of 32 (rows of one CTA with segments of different lengths: the CTA streams the union), a
+  // row starting mid-segment, and the drafter's shape over a long context.
+  std::vector<int32_t> rl;
+  for (int m = 0; m < 8; ++m) rl.insert(rl.end(), {0, 9000 - 7 + m});
+  attention_case(8, 24, 4, 256, 9001, rl, 40, "verify 8 rows over 9000 keys");
+  attention_case(1, 24, 4, 256, 9001, {0, 8999}, 41, "decode 8999 keys");
+  std::vector<int32_t> rx;
+  for (int m = 0; m < 8; ++m) rx.insert(rx.end(), {m == 5 ? 700 : 0, 2045 + m});
+  attention_case(8, 24, 4, 256, 2060, rx, 42, "verify rows across 64 tiles");
+  std::vector<int32_t> rdl;
+  for (int m = 0; m < 8; ++m) rdl.insert(rdl.end(), {0, 3000 + 8 * m});
+  attention_case(8, 32, 8, 128, 3100, rdl, 43, "drafter block over 3000 keys");
+  // more rows than one launch of the segment kernel takes (64): two launches sharing the scratch
+  std::vector<int32_t> r70;
+  for (int m = 0; m < 70; ++m) r70.insert(r70.end(), {m % 7 == 3 ? 40 : 0, 100 + 3 * m});
+  attention_case(70, 4, 2, 64, 320, r70, 44, "70 rows, two launches");
 }
 
 // ---- Gated DeltaNet -------------------------------------------------------------------------------

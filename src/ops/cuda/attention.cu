@@ -966,13 +966,17 @@ void launch_rope_neox(float* x, const int32_t* pos, int64_t M, int64_t heads, in
 
 // Partials of the fallback kernels (the cluster kernel needs none).
 size_t attention_scratch_floats(int64_t M, int64_t n_heads, int64_t head_dim) {
-  return static_cast<size_t>(M) * n_heads * kSplits * (head_dim + 2);
+  return std::max(static_cast<size_t>(M) * n_heads * kSplits * (head_dim + 2),
+                  attention_segments_scratch_floats(M, n_heads, head_dim));
 }
 
 void launch_attention(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
                       int64_t M, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch,
                       cudaStream_t s) {
   if (M <= 0 || n_heads <= 0) return;
+  static const bool segments = env_flag("DFLASH_CUDA_ATTN_SEGMENTS", true);
+  if (segments && launch_attention_segments(q, k, v, kv_range, out, M, n_heads, n_kv_heads, head_dim, scale, scratch, s))
+    return;
   const DeviceAttn& dev = device_attn();
   if (dev.nseg == 0) {
     launch_attention_splits(q, k, v, kv_range, out, M, n_heads, n_kv_heads, head_dim, scale, scratch, s);

@@ -179,6 +179,15 @@ void launch_attention(const float* q, const float* k, const float* v, const int3
                       int64_t M, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch,
                       cudaStream_t s);
 constexpr int64_t kAttentionMaxHeadDim = 512;
+// The segment kernels (attention_segments.cu), which launch_attention runs for head dims that are
+// multiples of 4 up to kSegMaxHeadDim (DFLASH_CUDA_ATTN_SEGMENTS=0: the cluster kernel for every shape).
+// False when the shape or the pointers' alignment does not suit them (nothing launched).
+constexpr int64_t kSegMaxHeadDim = 256;
+bool attention_segments_supported(int64_t head_dim);
+size_t attention_segments_scratch_floats(int64_t M, int64_t n_heads, int64_t head_dim);
+bool launch_attention_segments(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
+                               int64_t M, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                               float* scratch, cudaStream_t s);
 // Prefill attention (attention_prefill.cu, Backend::attention_prefill): a tensor-core flash-attention kernel
 // (tf32 mma, rounding that depends on the rows sharing a CTA: not lossless). Head dims 64, 128, 256 and
 // M >= kAttentionPrefillMinRows; returns false for anything else (the caller runs launch_attention).

@@ -1,0 +1,526 @@
+// Attention for decode and verify (a few rows over a KV cache): key segments in parallel, then a merge
+// kernel. launch_attention runs it for head dims that are multiples of 4 up to kSegMaxHeadDim; the
+// cluster kernel (attention.cu) stays for the other shapes and as DFLASH_CUDA_ATTN_SEGMENTS=0.
+//
+// Why. The cluster kernel runs every (KV head, row group) in one cluster of 8-16 CTAs: 64 CTAs on the
+// H200 whatever the context, so an 8-row verify at 4096 keys took 125 us (one row: 29 us, a quarter of
+// the bandwidth) and at 32768 keys 926 us (bench/RESULTS.md, round 10). Here the work grows with the
+// context: 32 segments per row, and the partials of a row are merged by a second kernel.
+//
+// Arithmetic of one (row, head): a function of the row's range [lo, hi) and its data only, never of M,
+// of the other rows or of which CTA does what (so a verify row has the bits of the same row decoded
+// alone; test_cuda's M-row == 1-row checks):
+//   * keys go in tiles of 32 at absolute positions (tile t = keys 32t .. 32t + 31). The row's tiles
+//     [lo / 32, ceil(hi / 32)) are cut into kSegs = 32 segments of spt = ceil(tiles / 32) tiles each
+//     (the last ones shorter or empty);
+//   * a score is q . k over the head dim zero-padded to 8 slices of CPS float4 chunks: per slice four
+//     fma chains (one per float4 component, chunks in order) added as (a0 + a1) + (a2 + a3); the slices
+//     added left to right; times scale;
+//   * per tile an online softmax over the row's keys in the tile (a tile without any leaves the state
+//     alone): tile max m_t by a warp butterfly, m' = max(m, m_t), c = expf(m - m'), p = expf(s - m')
+//     (0 for keys outside the row's segment), l = l c + (the xor-butterfly sum of p over the 32 tile
+//     positions), acc = acc c, then acc = fma(p_j, v_j, acc) for the row's keys j of the tile in order
+//     (keys outside the row's range are skipped, never multiplied by 0); a segment starts from m = -inf,
+//     l = 0, acc = 0;
+//   * merge: m* = max of the non-empty segments' m; w_z = expf(m_z - m*); tot = fma(l_z, w_z, tot) and
+//     o = fma(acc_z, w_z, o) in segment order from 0; out = o * (1 / tot). An empty range gives zeros.
+//
+// Work layout (free to depend on M). An item is (row group, segment, KV head x head chunk): `rows` rows
+// x `hc` query heads of one KV head (NQ = rows x hc <= kSegMaxQ queries). A grid of one CTA per SM (by
+// shared memory) of 8 warps works through the items segment-major, so a short context's few non-empty
+// items spread over the SMs and its empty ones cost a check each. An item streams the union of its rows'
+// segment tiles through two shared-memory stages (cp.async): K and V of a tile are read once for all
+// its queries (GQA). Per tile: scores (warp = slice, lane = key; the slice partials go to shared
+// memory), softmax (warp per query, lane = key), P . V (thread = float4 chunk of the head dim x a group
+// of 1, 2 or 4 queries, accumulators in registers across the segment's tiles).
+#include <algorithm>
+#include <cstdlib>
+#include <type_traits>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/kernels.h"
+
+namespace dflash::cuda {
+namespace {
+
+constexpr int kSegs = 32;         // segments per row
+constexpr int kSegTile = 32;      // keys per tile
+constexpr int kSegThreads = 256;  // 8 warps: one score slice each
+constexpr int kSegMaxQ = 16;      // queries per CTA
+constexpr int kSegMaxRows = 16;   // rows per item (hc = 1)
+constexpr int kSegMaxM = 64;      // rows per launch (the range table in shared memory)
+
+struct SegArgs {
+  const float* q;
+  const float* k;
+  const float* v;
+  const int32_t* kv_range;
+  float* part_ml;   // [M][H][kSegs][2]: m, l of each non-empty segment
+  float* part_acc;  // [M][H][kSegs][D]
+  float* out;
+  int64_t M, n_heads, kv_stride;  // kv_stride = n_kv_heads * D floats between keys
+  int D, d4;                      // d4 = D / 4 chunks (D % 4 == 0)
+  int group, hc, hchunks, rows;   // heads per KV head; heads per CTA; CTAs over a group's heads; rows per CTA
+  float scale;
+};
+
+// The row's segment z: keys [ka, kb) (ka >= kb: empty). lo, hi: the row's range.
+__device__ __forceinline__ void segment_keys(int lo, int hi, int z, int& ka, int& kb) {
+  ka = kb = 0;
+  if (lo < 0 || hi <= lo) return;
+  const int t_lo = lo / kSegTile, t_hi = (hi + kSegTile - 1) / kSegTile;
+  const int spt = (t_hi - t_lo + kSegs - 1) / kSegs;
+  const int ta = t_lo + z * spt, tb = min(ta + spt, t_hi);
+  if (ta >= t_hi) return;
+  ka = max(lo, ta * kSegTile);
+  kb = min(hi, tb * kSegTile);
+}
+
+// Non-empty segments of a row (0 for an empty range): z < this count.
+__device__ __forceinline__ int segment_count(int lo, int hi) {
+  if (lo < 0 || hi <= lo) return 0;
+  const int t_lo = lo / kSegTile, t_hi = (hi + kSegTile - 1) / kSegTile;
+  const int spt = (t_hi - t_lo + kSegs - 1) / kSegs;
+  return (t_hi - t_lo + spt - 1) / spt;
+}
+
+__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Shared-memory layout (floats) for CPS float4 chunks per slice.
+template <int CPS>
+struct SegSmem {
+  static constexpr int kDp = 32 * CPS;      // padded head dim (8 slices x CPS chunks x 4)
+  static constexpr int kKst = kDp + 4;      // K rows: lane = key, 16-byte reads spread over the banks
+  static constexpr int kVst = kDp;          // V rows: lanes read consecutive chunks
+  static constexpr int kQ = 0;                                   // [kSegMaxQ][kDp]
+  static constexpr int kK = kQ + kSegMaxQ * kDp;                 // [2][kSegTile][kKst]
+  static constexpr int kV = kK + 2 * kSegTile * kKst;            // [2][kSegTile][kVst]
+  static constexpr int kSp = kV + 2 * kSegTile * kVst;           // slice partials [kSegMaxQ][8][33]
+  static constexpr int kPst = kSegMaxQ + 4;                      // p rows: a float4 per query quad
+  static constexpr int kP = kSp + kSegMaxQ * 8 * 33;             // p [kSegTile][kPst]
+  static constexpr int kCorr = kP + kSegTile * kPst;             // corr [kSegMaxQ]
+  static constexpr int kInts = kCorr + kSegMaxQ;                 // ints: ja, jb, upd [kSegMaxQ]; ranges [2 kSegMaxM]
+  static constexpr int kFloats = kInts + 3 * kSegMaxQ + 2 * kSegMaxM;
+  static constexpr size_t kBytes = sizeof(float) * kFloats;
+};
+
+// One CTA works through the (row group, segment, KV head x head chunk) items blockIdx.x, + gridDim.x, ...
+// (segment-major, so the short contexts' few non-empty items go to different CTAs): a grid of one CTA
+// per SM, so the empty segments of a short context cost a check each, not a CTA launch.
+template <int CPS>
+__global__ void __launch_bounds__(kSegThreads, 1) attention_segment_kernel(const SegArgs a) {
+  using L = SegSmem<CPS>;
+  extern __shared__ __align__(16) float sm[];
+  float* qs = sm + L::kQ;
+  float* ks = sm + L::kK;
+  float* vs = sm + L::kV;
+  float* sp = sm + L::kSp;
+  float* ps = sm + L::kP;
+  float* corr = sm + L::kCorr;
+  int* ja_s = reinterpret_cast<int*>(sm + L::kInts);
+  int* jb_s = ja_s + kSegMaxQ;
+  int* upd_s = jb_s + kSegMaxQ;
+  int* rng = upd_s + kSegMaxQ;  // [M][2]: the rows' ranges
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // The K pad columns of both stages (never written by the tile copies) are zero for the whole kernel.
+  if (a.d4 < L::kDp / 4)
+    for (int i = tid; i < 2 * kSegTile * (L::kDp / 4 - a.d4); i += kSegThreads) {
+      const int pad = L::kDp / 4 - a.d4, key = i / pad, c = a.d4 + i % pad;
+      *reinterpret_cast<float4*>(ks + key * L::kKst + 4 * c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  pdl_wait();
+  for (int i = tid; i < 2 * a.M; i += kSegThreads) rng[i] = a.kv_range[i];
+  __syncthreads();
+
+  const int row_groups = static_cast<int>((a.M + a.rows - 1) / a.rows);
+  const int kv_items = static_cast<int>(a.n_heads / a.group) * a.hchunks;
+  const int items = row_groups * kSegs * kv_items;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int rg = item % row_groups, rest = item / row_groups;
+    const int kvi = rest % kv_items, z = rest / kv_items;
+    const int kvh = kvi / a.hchunks, hchunk = kvi % a.hchunks;
+    const int h0 = kvh * a.group + hchunk * a.hc;
+    const int hc = min(a.hc, a.group - hchunk * a.hc);
+    const int m0 = rg * a.rows;
+    const int rows = min(a.rows, static_cast<int>(a.M) - m0);
+    const int nq = rows * hc;
+    // the rows' keys in segment z and their union [kmin, kmax) (every thread, from the range table)
+    int kmin = 0x7fffffff, kmax = 0;
+    for (int r = 0; r < rows; ++r) {
+      int ka, kb;
+      segment_keys(rng[2 * (m0 + r)], rng[2 * (m0 + r) + 1], z, ka, kb);
+      if (ka < kb) {
+        kmin = min(kmin, ka);
+        kmax = max(kmax, kb);
+      }
+    }
+    if (kmin >= kmax) continue;  // no row has keys in this segment
+    const int ta = kmin / kSegTile, tb = (kmax + kSegTile - 1) / kSegTile;
+
+    // ---- queries (zero-padded to kDp; copied with the first tile)
+    for (int i = tid; i < kSegMaxQ * (L::kDp / 4); i += kSegThreads) {
+      const int q = i / (L::kDp / 4), c = i % (L::kDp / 4);
+      float* dst = qs + q * L::kDp + 4 * c;
+      if (q < nq && c < a.d4) {
+        const int64_t row = m0 + q / hc, head = h0 + q % hc;
+        cp_async16(dst, a.q + (row * a.n_heads + head) * a.D + 4 * c);
+      } else {
+        *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+
+    // K and V of tile t (keys inside [kmin, kmax) only: the rest of the cache may not exist) -> stage st.
+    const float* kbase = a.k + static_cast<int64_t>(kvh) * a.D;
+    const float* vbase = a.v + static_cast<int64_t>(kvh) * a.D;
+    auto load_tile = [&](int t, int st) {  // warp per key, lane per chunk
+      const int k0 = max(t * kSegTile, kmin), k1 = min(t * kSegTile + kSegTile, kmax);
+      for (int key = k0 + warp; key < k1; key += kSegThreads / 32) {
+        const int j = key - t * kSegTile;
+        const float* kg = kbase + key * a.kv_stride;
+        const float* vg = vbase + key * a.kv_stride;
+        for (int c = lane; c < a.d4; c += 32) {
+          cp_async16(ks + (st * kSegTile + j) * L::kKst + 4 * c, kg + 4 * c);
+          cp_async16(vs + (st * kSegTile + j) * L::kVst + 4 * c, vg + 4 * c);
+        }
+      }
+    };
+    // the segment keys of query q's row
+    auto query_keys = [&](int q, int& ka, int& kb) {
+      const int r = m0 + q / hc;
+      segment_keys(rng[2 * r], rng[2 * r + 1], z, ka, kb);
+    };
+
+    // softmax state of queries warp, warp + 8 (every lane holds the same values)
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    // P.V: chunk pv_c of the query group pv_g (queries qg pv_g .. qg pv_g + qg - 1): groups of 1, 2 or 4
+    // queries, the smallest that fits the CTA (fewer queries per thread: more threads; more: fewer V reads)
+    const int qg = a.d4 * nq <= kSegThreads ? 1 : a.d4 * ((nq + 1) / 2) <= kSegThreads ? 2 : 4;
+    const int pv_c = tid % a.d4, pv_g = tid / a.d4;
+    const bool pv_on = pv_g < (nq + qg - 1) / qg;
+    float4 acc[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+    load_tile(ta, 0);
+    cp_async_commit();
+    for (int t = ta; t < tb; ++t) {
+      const int st = (t - ta) & 1;
+      if (t + 1 < tb) load_tile(t + 1, st ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+      __syncthreads();
+
+      // ---- scores: warp = slice, lane = key; the slice partials of every query, two at a time
+      {
+        const float* kr = ks + (st * kSegTile + lane) * L::kKst + warp * CPS * 4;
+        float4 kk[CPS];
+#pragma unroll
+        for (int c = 0; c < CPS; ++c) kk[c] = *reinterpret_cast<const float4*>(kr + 4 * c);
+        for (int q = 0; q < nq; q += 2) {
+          const int q2 = q + 1 < nq ? q + 1 : q;  // an odd last query computes itself twice
+          const float* qr = qs + q * L::kDp + warp * CPS * 4;
+          const float* qr2 = qs + q2 * L::kDp + warp * CPS * 4;
+          float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, b0 = 0.0f, b1 = 0.0f, b2 = 0.0f, b3 = 0.0f;
+#pragma unroll
+          for (int c = 0; c < CPS; ++c) {
+            const float4 qq = *reinterpret_cast<const float4*>(qr + 4 * c);
+            const float4 qq2 = *reinterpret_cast<const float4*>(qr2 + 4 * c);
+            a0 = __fmaf_rn(qq.x, kk[c].x, a0);
+            a1 = __fmaf_rn(qq.y, kk[c].y, a1);
+            a2 = __fmaf_rn(qq.z, kk[c].z, a2);
+            a3 = __fmaf_rn(qq.w, kk[c].w, a3);
+            b0 = __fmaf_rn(qq2.x, kk[c].x, b0);
+            b1 = __fmaf_rn(qq2.y, kk[c].y, b1);
+            b2 = __fmaf_rn(qq2.z, kk[c].z, b2);
+            b3 = __fmaf_rn(qq2.w, kk[c].w, b3);
+          }
+          sp[(q * 8 + warp) * 33 + lane] = __fadd_rn(__fadd_rn(a0, a1), __fadd_rn(a2, a3));
+          sp[(q2 * 8 + warp) * 33 + lane] = __fadd_rn(__fadd_rn(b0, b1), __fadd_rn(b2, b3));
+        }
+      }
+      __syncthreads();
+
+      // ---- softmax: warp per query (warp, warp + 8), lane = key
+#pragma unroll
+      for (int qi = 0; qi < 2; ++qi) {
+        const int q = warp + 8 * qi;
+        if (q >= nq) break;
+        int ka, kb;
+        query_keys(q, ka, kb);
+        const int key = t * kSegTile + lane;
+        const bool valid = key >= ka && key < kb;
+        float s = sp[(q * 8) * 33 + lane];
+#pragma unroll
+        for (int w = 1; w < 8; ++w) s = __fadd_rn(s, sp[(q * 8 + w) * 33 + lane]);
+        s = valid ? __fmul_rn(s, a.scale) : -INFINITY;
+        const float tmax = warp_max(s);
+        if (tmax == -INFINITY) {  // no key of this row in the tile: state unchanged
+          if (lane == 0) upd_s[q] = 0;
+          continue;
+        }
+        const float mn = fmaxf(m_run[qi], tmax);
+        const float c = expf(m_run[qi] - mn);
+        const float p = valid ? expf(s - mn) : 0.0f;
+        const float sum = warp_sum(p);
+        l_run[qi] = __fadd_rn(__fmul_rn(l_run[qi], c), sum);
+        m_run[qi] = mn;
+        ps[lane * L::kPst + q] = p;
+        if (lane == 0) {
+          upd_s[q] = 1;
+          corr[q] = c;
+          ja_s[q] = max(ka - t * kSegTile, 0);
+          jb_s[q] = min(kb - t * kSegTile, kSegTile);
+        }
+      }
+      __syncthreads();
+
+      // ---- P.V: chunk pv_c of the group's QG queries; one V read and one p load per key. Keys that every
+      // updated query of the group takes run without predicates, the rest with one per query (a key
+      // outside a row's range is skipped, never multiplied by 0: the cache there may hold anything)
+      const auto pv_tile = [&](auto qg_c) {
+        constexpr int QG = decltype(qg_c)::value;
+        int ja[QG], jb[QG];
+        int jlo = kSegTile, jhi = 0, ia = 0, ib = kSegTile;
+#pragma unroll
+        for (int i = 0; i < QG; ++i) {
+          const int q = QG * pv_g + i;
+          ja[i] = jb[i] = 0;
+          if (q < nq && upd_s[q]) {
+            const float c = corr[q];
+            acc[i].x = __fmul_rn(acc[i].x, c);
+            acc[i].y = __fmul_rn(acc[i].y, c);
+            acc[i].z = __fmul_rn(acc[i].z, c);
+            acc[i].w = __fmul_rn(acc[i].w, c);
+            ja[i] = ja_s[q];
+            jb[i] = jb_s[q];
+            jlo = min(jlo, ja[i]);
+            jhi = max(jhi, jb[i]);
+          }
+          ia = max(ia, ja[i]);
+          ib = min(ib, jb[i]);
+        }
+        if (ib < ia) ib = ia;
+        const float* vcol = vs + st * kSegTile * L::kVst + 4 * pv_c;
+        const float* pcol = ps + QG * pv_g;
+        const auto step = [&](int j, bool all) {
+          const float4 vv = *reinterpret_cast<const float4*>(vcol + j * L::kVst);
+          float pp[QG];
+          if constexpr (QG == 4) {
+            const float4 p4 = *reinterpret_cast<const float4*>(pcol + j * L::kPst);
+            pp[0] = p4.x, pp[1] = p4.y, pp[2] = p4.z, pp[3] = p4.w;
+          } else if constexpr (QG == 2) {
+            const float2 p2 = *reinterpret_cast<const float2*>(pcol + j * L::kPst);
+            pp[0] = p2.x, pp[1] = p2.y;
+          } else {
+            pp[0] = pcol[j * L::kPst];
+          }
+#pragma unroll
+          for (int i = 0; i < QG; ++i) {
+            if (!all && (j < ja[i] || j >= jb[i])) continue;
+            acc[i].x = __fmaf_rn(pp[i], vv.x, acc[i].x);
+            acc[i].y = __fmaf_rn(pp[i], vv.y, acc[i].y);
+            acc[i].z = __fmaf_rn(pp[i], vv.z, acc[i].z);
+            acc[i].w = __fmaf_rn(pp[i], vv.w, acc[i].w);
+          }
+        };
+        for (int j = jlo; j < ia; ++j) step(j, false);
+#pragma unroll 4
+        for (int j = ia; j < ib; ++j) step(j, true);
+        for (int j = max(ib, jlo); j < jhi; ++j) step(j, false);
+      };
+      if (pv_on) {
+        if (qg == 1)
+          pv_tile(std::integral_constant<int, 1>{});
+        else if (qg == 2)
+          pv_tile(std::integral_constant<int, 2>{});
+        else
+          pv_tile(std::integral_constant<int, 4>{});
+      }
+      __syncthreads();  // the next tile's (or item's) copies overwrite what was read here
+    }
+
+    // ---- partials of the rows with keys in this segment
+#pragma unroll
+    for (int qi = 0; qi < 2; ++qi) {
+      const int q = warp + 8 * qi;
+      if (q >= nq || lane != 0) continue;
+      int ka, kb;
+      query_keys(q, ka, kb);
+      if (ka >= kb) continue;
+      const int64_t idx = ((m0 + q / hc) * a.n_heads + h0 + q % hc) * kSegs + z;
+      a.part_ml[2 * idx] = m_run[qi];
+      a.part_ml[2 * idx + 1] = l_run[qi];
+    }
+    if (pv_on)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int q = qg * pv_g + i;
+        if (i >= qg || q >= nq) continue;
+        int ka, kb;
+        query_keys(q, ka, kb);
+        if (ka >= kb) continue;
+        const int64_t idx = ((m0 + q / hc) * a.n_heads + h0 + q % hc) * kSegs + z;
+        *reinterpret_cast<float4*>(a.part_acc + idx * a.D + 4 * pv_c) = acc[i];
+      }
+  }
+}
+
+// One CTA per (head, row), one thread per float4 chunk of the head dim (rounded up to whole warps).
+// Every warp reads the row's (m, l) pairs one per lane (<= 32 segments), so the max is a butterfly and
+// the weights are computed once per lane; the folds over the segments run in segment order.
+__global__ void attention_segment_merge_kernel(const SegArgs a) {
+  pdl_wait();
+  const int h = blockIdx.x;
+  const int64_t m = blockIdx.y;
+  const int c = threadIdx.x, lane = threadIdx.x & 31;
+  const int nz = segment_count(a.kv_range[2 * m], a.kv_range[2 * m + 1]);
+  float4* out = reinterpret_cast<float4*>(a.out + (m * a.n_heads + h) * a.D) + c;
+  if (nz == 0) {
+    if (c < a.d4) *out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    return;
+  }
+  const int64_t base = (m * a.n_heads + h) * kSegs;
+  float2 ml = make_float2(-INFINITY, 0.0f);
+  if (lane < nz) ml = reinterpret_cast<const float2*>(a.part_ml)[base + lane];
+  const float mx = warp_max(ml.x);
+  const float w = lane < nz ? expf(ml.x - mx) : 0.0f;
+  float tot = 0.0f;
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const float4* acc = reinterpret_cast<const float4*>(a.part_acc + base * a.D) + c;
+  const int stride = a.d4;  // float4s between segments
+#pragma unroll 8
+  for (int zz = 0; zz < nz; ++zz) {
+    const float wz = __shfl_sync(0xffffffffu, w, zz), lz = __shfl_sync(0xffffffffu, ml.y, zz);
+    tot = __fmaf_rn(lz, wz, tot);
+    if (c < a.d4) {
+      const float4 v = acc[zz * stride];
+      o.x = __fmaf_rn(v.x, wz, o.x);
+      o.y = __fmaf_rn(v.y, wz, o.y);
+      o.z = __fmaf_rn(v.z, wz, o.z);
+      o.w = __fmaf_rn(v.w, wz, o.w);
+    }
+  }
+  if (c >= a.d4) return;
+  const float inv = __fdiv_rn(1.0f, tot);
+  *out = make_float4(__fmul_rn(o.x, inv), __fmul_rn(o.y, inv), __fmul_rn(o.z, inv), __fmul_rn(o.w, inv));
+}
+
+// CTAs per SM of the segment kernel with CPS chunks per slice (its shared memory decides), once.
+template <int CPS>
+int segment_ctas_per_sm() {
+  static const int n = [] {
+    if (cudaFuncSetAttribute(attention_segment_kernel<CPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(SegSmem<CPS>::kBytes)) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_segment_kernel<CPS>, kSegThreads,
+                                                      SegSmem<CPS>::kBytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return per_sm;
+  }();
+  return n;
+}
+
+int device_sms() {
+  static const int n = [] {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return sms;
+  }();
+  return n;
+}
+
+// One launch of at most kSegMaxM rows: the segment kernel (at most `ctas` CTAs), then the merge.
+template <int CPS>
+void launch_segments_cps(const SegArgs& a, int64_t n_kv_heads, int ctas, cudaStream_t s) {
+  const int64_t items = (a.M + a.rows - 1) / a.rows * kSegs * n_kv_heads * a.hchunks;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(items, ctas));
+  launch_pdl(attention_segment_kernel<CPS>, dim3(grid), dim3(kSegThreads), SegSmem<CPS>::kBytes, s, a);
+  const unsigned mt = static_cast<unsigned>((a.d4 + 31) / 32 * 32);
+  launch_pdl(attention_segment_merge_kernel, dim3(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.M)),
+             dim3(mt), 0, s, a);
+}
+
+}  // namespace
+
+size_t attention_segments_scratch_floats(int64_t M, int64_t n_heads, int64_t head_dim) {
+  return static_cast<size_t>(std::min<int64_t>(M, kSegMaxM)) * n_heads * kSegs * (head_dim + 2);
+}
+
+bool attention_segments_supported(int64_t head_dim) {
+  return head_dim % 4 == 0 && head_dim <= kSegMaxHeadDim;
+}
+
+bool launch_attention_segments(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
+                               int64_t M, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                               float* scratch, cudaStream_t s) {
+  if (!attention_segments_supported(head_dim) || n_heads > 65535) return false;
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!aligned(q) || !aligned(k) || !aligned(v) || !aligned(out) || !aligned(scratch)) return false;
+  SegArgs a{};
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.kv_range = kv_range;
+  a.out = out;
+  a.M = M;
+  a.n_heads = n_heads;
+  a.kv_stride = n_kv_heads * head_dim;
+  a.D = static_cast<int>(head_dim);
+  a.d4 = a.D / 4;
+  a.group = static_cast<int>(n_heads / n_kv_heads);
+  a.hchunks = (a.group + kSegMaxQ - 1) / kSegMaxQ;
+  a.hc = (a.group + a.hchunks - 1) / a.hchunks;
+  // Rows per item: as many as fill kSegMaxQ queries (each K/V tile read serves them all). Measured on the
+  // H200 (S10-8, attention alone, M = 8): the drafter's 4 heads per KV head at 4 rows instead of 2 took
+  // 68.9 -> 49.7 us at 4096 keys and 458 -> 321 us at 32768; the 27B's 6 heads at 1 row instead of 2
+  // were slower from 576 keys on (83.5 -> 111.6 us at 4096). DFLASH_CUDA_ATTN_ROWS=N sets it (clamped;
+  // a layout switch for measurements: the bits do not change).
+  static const int rows_env = [] {
+    const char* e = std::getenv("DFLASH_CUDA_ATTN_ROWS");
+    return e ? std::atoi(e) : 0;
+  }();
+  const int most = std::min(std::max(1, kSegMaxQ / a.hc), kSegMaxRows);
+  a.rows = std::clamp(rows_env > 0 ? rows_env : most, 1, most);
+  a.part_ml = scratch;
+  a.part_acc = scratch + 2 * static_cast<size_t>(std::min<int64_t>(M, kSegMaxM)) * n_heads * kSegs;
+  a.scale = scale;
+  const int cps = (a.d4 + 7) / 8;  // chunks per slice, rounded up to a power of two
+  using Launch = void (*)(const SegArgs&, int64_t, int, cudaStream_t);
+  Launch launch = nullptr;
+  int per_sm = 0;
+  if (cps <= 1) launch = launch_segments_cps<1>, per_sm = segment_ctas_per_sm<1>();
+  else if (cps <= 2) launch = launch_segments_cps<2>, per_sm = segment_ctas_per_sm<2>();
+  else if (cps <= 4) launch = launch_segments_cps<4>, per_sm = segment_ctas_per_sm<4>();
+  else launch = launch_segments_cps<8>, per_sm = segment_ctas_per_sm<8>();
+  const int ctas = per_sm * device_sms();
+  if (ctas < 1) return false;
+  // At most kSegMaxM rows per launch (the range table); the launches share the scratch in stream order.
+  for (int64_t r0 = 0; r0 < M; r0 += kSegMaxM) {
+    SegArgs part = a;
+    part.M = std::min<int64_t>(kSegMaxM, M - r0);
+    part.q = q + r0 * n_heads * head_dim;
+    part.out = out + r0 * n_heads * head_dim;
+    part.kv_range = kv_range + 2 * r0;
+    launch(part, n_kv_heads, ctas, s);
+  }
+  return true;
+}
+
+}  // namespace dflash::cuda
