@@ -18,7 +18,7 @@
 #       (`dflash synth-drafter --preset qwen38-27b`) and runs `dflash bench --device cuda` on the pair
 #       (repetitions $DBENCH_REPS, default 2; extra bench options in $DBENCH_ARGS).
 #       --attention times the decode / verify attention alone (bench_cuda_ops --attention) with the
-#       default kernels, with the cluster kernel (DFLASH_CUDA_ATTN_SEGMENTS=0) and with each ';'-separated
+#       default kernels, with the generic split kernel (DFLASH_CUDA_ATTN_SEGMENTS=0) and with each ';'-separated
 #       set of assignments in $ATTN_ENV (e.g. ATTN_ENV='DFLASH_CUDA_ATTN_ROWS=1'): $OUT/attention.md.
 #       --sass NAME writes the opcode histogram of the kernels whose name contains NAME
 #       (tools/sass_opcodes.py; e.g. --sass mm_mma_kernel).
@@ -153,6 +153,12 @@ if [ $RUN_TEST = 1 ]; then
   rt=$?
   echo "test_cuda: exit $rt in $(( $(date +%s) - t0 )) s"
   [ $rt = 0 ] || rc=1
+  # The generic attention kernel serves only odd head dims by default: run every attention case on it too.
+  DFLASH_CUDA_ATTN_SEGMENTS=0 timeout 300 "$G/test_cuda" --gtest_brief=1 --gtest_filter='*Attention*' \
+    >"$OUT/test_cuda_attn_generic.log" 2>&1
+  ra=$?
+  echo "test_cuda attention cases, DFLASH_CUDA_ATTN_SEGMENTS=0: exit $ra"
+  [ $ra = 0 ] || rc=1
 fi
 if [ $RUN_BENCH = 1 ]; then
   t0=$(date +%s)
@@ -278,6 +284,7 @@ fi
 
 echo "================ summary"
 [ -f "$OUT/test_cuda.log" ] && grep -E "FAILED|PASSED|SKIPPED" "$OUT/test_cuda.log" | head -20
+[ -f "$OUT/test_cuda_attn_generic.log" ] && grep -E "FAILED|PASSED" "$OUT/test_cuda_attn_generic.log" | sed 's/^/generic attention: /' | head -10
 [ -f "$OUT/test_cuda_table.md" ] && { grep -E "FAIL" "$OUT/test_cuda_table.md" | head -20; tail -1 "$OUT/test_cuda_table.md"; }
 [ -f "$OUT/bench.md" ] && cat "$OUT/bench.md"
 for f in "$OUT"/bench_model_*.md; do [ -f "$f" ] && cat "$f"; done

@@ -529,9 +529,8 @@ TEST(CudaOps, Attention) {
   attention_case(3, 32, 8, 128, 100, {0, 1, 5, 60, 0, 100}, 23, "drafter-like");
   attention_case(4, 4, 2, 64, 50, {0, 0, 0, 7, 3, 9, 0, 50}, 24, "tiny with empty range");
   attention_case(2, 4, 2, 16, 40, {0, 33, 0, 40}, 25, "head_dim 16");
-  // Cluster kernel paths (attention.cu): keys in tiles of 32 at absolute positions, cut into 16 (or 8)
-  // segments per row; decode layout for one row, verify layout (<= 8 rows per CTA) for larger M.
-  // 27B shape, decode at tile edges: 1 key, 32, 33, a range starting mid-tile, one over 16 segments.
+  // Tile and segment edges (the segment kernel: keys in tiles of 32 at absolute positions, 32 segments
+  // of ceil(tiles / 32) tiles per row). 27B shape, decode: 1 key, 32, a range starting mid-tile, 19 tiles.
   attention_case(1, 24, 4, 256, 40, {0, 1}, 26, "decode 1 key");
   attention_case(1, 24, 4, 256, 64, {0, 32}, 27, "decode 32 keys");
   attention_case(1, 24, 4, 256, 100, {17, 50}, 28, "decode mid-tile range");
@@ -539,9 +538,8 @@ TEST(CudaOps, Attention) {
   // verify rows with different ranges (union of tiles shared, each row masked to its own), empty rows
   attention_case(8, 24, 4, 256, 700, {0, 1, 0, 0, 5, 37, 31, 33, 0, 513, 100, 700, 699, 700, 0, 640}, 30,
                  "verify rows of different ranges");
-  // verify rows whose CTAs take two adjacent segments each (27B verify on the H200: 8-CTA clusters over
-  // 16 segments): odd tile counts (a CTA's second segment empty), ranges starting and ending mid-tile,
-  // one tile, 16 + 1 tiles (two-tile segments, the last alone), a row longer than 16 x 2 tiles
+  // verify rows of many tile counts in one call: odd counts, ranges starting and ending mid-tile, one
+  // tile, 17 tiles, a row of 54 tiles (two-tile segments, the last ones empty)
   attention_case(8, 24, 4, 256, 1700,
                  {0, 9 * 32 - 5, 40, 600, 0, 33, 31, 32, 0, 17 * 32, 3, 16 * 32 + 1, 100, 1700, 0, 35 * 32 + 7}, 37,
                  "verify segment pairs");
@@ -552,15 +550,16 @@ TEST(CudaOps, Attention) {
   attention_case(8, 32, 8, 128, 620, rd, 38, "drafter block 8 rows");
   attention_case(8, 32, 8, 128, 620, {0, 588, 0, 1, 31, 33, 100, 620, 0, 0, 5, 600, 64, 96, 0, 300}, 39,
                  "drafter 8 rows of different ranges");
-  // 16 causal rows across 1024 keys: ceil(tiles / 16) changes between rows (segment bounds differ)
+  // 16 causal rows across 1024 keys: ceil(tiles / 32) changes between rows (segment bounds differ)
   std::vector<int32_t> r16;
   for (int m = 0; m < 16; ++m) r16.insert(r16.end(), {0, 1017 + m});
   attention_case(16, 24, 4, 256, 1040, r16, 31, "verify 16 rows across 1024");
-  // many rows, small heads: the verify layout whatever the cluster residency
+  // many rows, small heads: 8 rows per item (16 queries of 2 heads)
   std::vector<int32_t> r32;
   for (int m = 0; m < 32; ++m) r32.insert(r32.end(), {m % 5 == 4 ? 3 : 0, 200 + 7 * m});
   attention_case(32, 4, 2, 64, 420, r32, 32, "verify 32 rows head_dim 64");
-  // head_dim not a multiple of 4 (4-byte copies), 12 and 9 heads per KV head (two head chunks), 512
+  // The generic split kernel's shapes: head_dim not a multiple of 4, and 512; 12 and 9 heads per KV head
+  // (one head chunk of the segment kernel)
   attention_case(5, 6, 2, 10, 90, {0, 90, 7, 8, 31, 33, 33, 64, 40, 41}, 33, "head_dim 10");
   attention_case(6, 24, 2, 48, 700, {0, 1, 0, 700, 650, 700, 1, 513, 31, 32, 0, 0}, 34, "12 heads per kv head");
   attention_case(3, 9, 1, 32, 200, {5, 199, 0, 200, 64, 96}, 35, "9 heads, 1 kv head");

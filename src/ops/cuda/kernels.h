@@ -180,7 +180,7 @@ void launch_attention(const float* q, const float* k, const float* v, const int3
                       cudaStream_t s);
 constexpr int64_t kAttentionMaxHeadDim = 512;
 // The segment kernels (attention_segments.cu), which launch_attention runs for head dims that are
-// multiples of 4 up to kSegMaxHeadDim (DFLASH_CUDA_ATTN_SEGMENTS=0: the cluster kernel for every shape).
+// multiples of 4 up to kSegMaxHeadDim (DFLASH_CUDA_ATTN_SEGMENTS=0: the generic split kernel for every shape).
 // False when the shape or the pointers' alignment does not suit them (nothing launched).
 constexpr int64_t kSegMaxHeadDim = 256;
 bool attention_segments_supported(int64_t head_dim);
