@@ -26,13 +26,13 @@
 //     o = fma(acc_z, w_z, o) in segment order from 0; out = o * (1 / tot). An empty range gives zeros.
 //
 // Work layout (free to depend on M). An item is (row group, segment, KV head x head chunk): `rows` rows
-// x `hc` query heads of one KV head (NQ = rows x hc <= kSegMaxQ queries). A grid of one CTA per SM (by
+// x `hc` query heads of one KV head (NQ = rows x hc <= kSegMaxQ = 24 queries). A grid of one CTA per SM (by
 // shared memory) of 8 warps works through the items segment-major, so a short context's few non-empty
 // items spread over the SMs and its empty ones cost a check each. An item streams the union of its rows'
 // segment tiles through two shared-memory stages (cp.async): K and V of a tile are read once for all
 // its queries (GQA). Per tile: scores (warp = slice, lane = key; the slice partials go to shared
 // memory), softmax (warp per query, lane = key), P . V (thread = float4 chunk of the head dim x a group
-// of 1, 2 or 4 queries, accumulators in registers across the segment's tiles).
+// of 1, 2, 4 or 8 queries, accumulators in registers across the segment's tiles).
 #include <algorithm>
 #include <cstdlib>
 #include <type_traits>
@@ -46,7 +46,8 @@ namespace {
 constexpr int kSegs = 32;         // segments per row
 constexpr int kSegTile = 32;      // keys per tile
 constexpr int kSegThreads = 256;  // 8 warps: one score slice each
-constexpr int kSegMaxQ = 16;      // queries per CTA
+constexpr int kSegMaxQ = 24;      // queries per item
+constexpr int kSoftQ = kSegMaxQ / 8;  // softmax queries per warp
 constexpr int kSegMaxRows = 16;   // rows per item (hc = 1)
 constexpr int kSegMaxM = 64;      // rows per launch (the range table in shared memory)
 
@@ -104,7 +105,7 @@ struct SegSmem {
   static constexpr int kK = kQ + kSegMaxQ * kDp;                 // [2][kSegTile][kKst]
   static constexpr int kV = kK + 2 * kSegTile * kKst;            // [2][kSegTile][kVst]
   static constexpr int kSp = kV + 2 * kSegTile * kVst;           // slice partials [kSegMaxQ][8][33]
-  static constexpr int kPst = kSegMaxQ + 4;                      // p rows: a float4 per query quad
+  static constexpr int kPst = kSegMaxQ + 4;                      // p rows: float4s of a query group's p
   static constexpr int kP = kSp + kSegMaxQ * 8 * 33;             // p [kSegTile][kPst]
   static constexpr int kCorr = kP + kSegTile * kPst;             // corr [kSegMaxQ]
   static constexpr int kInts = kCorr + kSegMaxQ;                 // ints: ja, jb, upd [kSegMaxQ]; ranges [2 kSegMaxM]
@@ -118,6 +119,8 @@ struct SegSmem {
 template <int CPS>
 __global__ void __launch_bounds__(kSegThreads, 1) attention_segment_kernel(const SegArgs a) {
   using L = SegSmem<CPS>;
+  // P.V queries per thread at most: ceil(kSegMaxQ / (kSegThreads / d4)) with d4 <= 8 CPS chunks
+  constexpr int kMaxQg = CPS >= 8 ? 8 : 4;
   extern __shared__ __align__(16) float sm[];
   float* qs = sm + L::kQ;
   float* ks = sm + L::kK;
@@ -199,16 +202,21 @@ __global__ void __launch_bounds__(kSegThreads, 1) attention_segment_kernel(const
       segment_keys(rng[2 * r], rng[2 * r + 1], z, ka, kb);
     };
 
-    // softmax state of queries warp, warp + 8 (every lane holds the same values)
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-    // P.V: chunk pv_c of the query group pv_g (queries qg pv_g .. qg pv_g + qg - 1): groups of 1, 2 or 4
-    // queries, the smallest that fits the CTA (fewer queries per thread: more threads; more: fewer V reads)
-    const int qg = a.d4 * nq <= kSegThreads ? 1 : a.d4 * ((nq + 1) / 2) <= kSegThreads ? 2 : 4;
+    // softmax state of queries warp, warp + 8, ... (every lane holds the same values)
+    float m_run[kSoftQ], l_run[kSoftQ];
+#pragma unroll
+    for (int i = 0; i < kSoftQ; ++i) m_run[i] = -INFINITY, l_run[i] = 0.0f;
+    // P.V: chunk pv_c of the query group pv_g (queries qg pv_g .. qg pv_g + qg - 1): groups of 1, 2, 4 or
+    // 8 queries, the smallest that fits the CTA (fewer queries per thread: more threads; more: fewer V reads)
+    const int qg = a.d4 * nq <= kSegThreads                ? 1
+                   : a.d4 * ((nq + 1) / 2) <= kSegThreads ? 2
+                   : a.d4 * ((nq + 3) / 4) <= kSegThreads ? 4
+                                                          : 8;
     const int pv_c = tid % a.d4, pv_g = tid / a.d4;
     const bool pv_on = pv_g < (nq + qg - 1) / qg;
-    float4 acc[4];
+    float4 acc[kMaxQg];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int i = 0; i < kMaxQg; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
     load_tile(ta, 0);
     cp_async_commit();
@@ -249,9 +257,9 @@ __global__ void __launch_bounds__(kSegThreads, 1) attention_segment_kernel(const
       }
       __syncthreads();
 
-      // ---- softmax: warp per query (warp, warp + 8), lane = key
+      // ---- softmax: warp per query (warp, warp + 8, ...), lane = key
 #pragma unroll
-      for (int qi = 0; qi < 2; ++qi) {
+      for (int qi = 0; qi < kSoftQ; ++qi) {
         const int q = warp + 8 * qi;
         if (q >= nq) break;
         int ka, kb;
@@ -314,7 +322,12 @@ __global__ void __launch_bounds__(kSegThreads, 1) attention_segment_kernel(const
         const auto step = [&](int j, bool all) {
           const float4 vv = *reinterpret_cast<const float4*>(vcol + j * L::kVst);
           float pp[QG];
-          if constexpr (QG == 4) {
+          if constexpr (QG == 8) {
+            const float4 p4 = *reinterpret_cast<const float4*>(pcol + j * L::kPst);
+            const float4 p8 = *reinterpret_cast<const float4*>(pcol + j * L::kPst + 4);
+            pp[0] = p4.x, pp[1] = p4.y, pp[2] = p4.z, pp[3] = p4.w;
+            pp[4] = p8.x, pp[5] = p8.y, pp[6] = p8.z, pp[7] = p8.w;
+          } else if constexpr (QG == 4) {
             const float4 p4 = *reinterpret_cast<const float4*>(pcol + j * L::kPst);
             pp[0] = p4.x, pp[1] = p4.y, pp[2] = p4.z, pp[3] = p4.w;
           } else if constexpr (QG == 2) {
@@ -342,15 +355,17 @@ __global__ void __launch_bounds__(kSegThreads, 1) attention_segment_kernel(const
           pv_tile(std::integral_constant<int, 1>{});
         else if (qg == 2)
           pv_tile(std::integral_constant<int, 2>{});
-        else
+        else if (kMaxQg == 4 || qg == 4)
           pv_tile(std::integral_constant<int, 4>{});
+        else if constexpr (kMaxQg == 8)
+          pv_tile(std::integral_constant<int, 8>{});
       }
       __syncthreads();  // the next tile's (or item's) copies overwrite what was read here
     }
 
     // ---- partials of the rows with keys in this segment
 #pragma unroll
-    for (int qi = 0; qi < 2; ++qi) {
+    for (int qi = 0; qi < kSoftQ; ++qi) {
       const int q = warp + 8 * qi;
       if (q >= nq || lane != 0) continue;
       int ka, kb;
@@ -362,7 +377,7 @@ __global__ void __launch_bounds__(kSegThreads, 1) attention_segment_kernel(const
     }
     if (pv_on)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < kMaxQg; ++i) {
         const int q = qg * pv_g + i;
         if (i >= qg || q >= nq) continue;
         int ka, kb;
@@ -487,17 +502,21 @@ bool launch_attention_segments(const float* q, const float* k, const float* v, c
   a.group = static_cast<int>(n_heads / n_kv_heads);
   a.hchunks = (a.group + kSegMaxQ - 1) / kSegMaxQ;
   a.hc = (a.group + a.hchunks - 1) / a.hchunks;
-  // Rows per item: as many as fill kSegMaxQ queries (each K/V tile read serves them all). Measured on the
-  // H200 (S10-8, attention alone, M = 8): the drafter's 4 heads per KV head at 4 rows instead of 2 took
-  // 68.9 -> 49.7 us at 4096 keys and 458 -> 321 us at 32768; the 27B's 6 heads at 1 row instead of 2
-  // were slower from 576 keys on (83.5 -> 111.6 us at 4096). DFLASH_CUDA_ATTN_ROWS=N sets it (clamped;
-  // a layout switch for measurements: the bits do not change).
+  // Rows per item: as many as fill kSegMaxQ queries (each K/V tile read serves them all), spread evenly.
+  // Measured on the H200 (attention alone, M = 8): the drafter's 4 heads per KV head at 4 rows instead of
+  // 2 took 68.9 -> 49.7 us at 4096 keys and 458 -> 321 at 32768 (S10-8); the 27B's 6 heads at 4 rows (24
+  // queries) instead of 2 took 83.1 -> 66.2 us at 4096 keys and 546 -> 428 at 32768, tie at 576 keys,
+  // and lose at 100 (12.2 -> 15.0 us: fewer CTAs for a short context; S10-12). DFLASH_CUDA_ATTN_ROWS=N
+  // sets it (clamped; a layout switch for measurements: the bits do not change).
   static const int rows_env = [] {
     const char* e = std::getenv("DFLASH_CUDA_ATTN_ROWS");
     return e ? std::atoi(e) : 0;
   }();
   const int most = std::min(std::max(1, kSegMaxQ / a.hc), kSegMaxRows);
-  a.rows = std::clamp(rows_env > 0 ? rows_env : most, 1, most);
+  // the fewest row groups of at most `most` rows, the rows spread evenly over them
+  const int64_t groups = (std::min<int64_t>(M, kSegMaxM) + most - 1) / most;
+  const int even = static_cast<int>((std::min<int64_t>(M, kSegMaxM) + groups - 1) / groups);
+  a.rows = std::clamp(rows_env > 0 ? rows_env : even, 1, most);
   a.part_ml = scratch;
   a.part_acc = scratch + 2 * static_cast<size_t>(std::min<int64_t>(M, kSegMaxM)) * n_heads * kSegs;
   a.scale = scale;
