@@ -186,24 +186,34 @@ void bench_matmul_prefill(Backend& be, Out& out) {
   out.line("");
 }
 
-// Decode / verify attention (Backend::attention) at the 27B shape and the 27B drafter's block, in us per
-// call inside a graph of 20 (and one launch, event-timed): M = 1 and M = 8 causal rows at the end of
-// the cache, from short to long contexts. Also alone with --attention.
-void bench_attention_decode(Backend& be, Out& out) {
+// Section 3's table: an op's time as one launch (events) and per call inside a graph of 20.
+void op_table_header(Out& out) {
   out.line("| op | shape | us (one launch, events) | us (in a graph of 20) |");
   out.line("|---|---|---|---|");
-  std::mt19937 rng(5);
+}
+void op_table_row(Backend& be, Out& out, const std::string& op, const std::string& shape,
+                  const std::function<void()>& fn) {
+  out.line(fmt::format("| {} | {} | {:.1f} | {:.1f} |", op, shape, 1e3 * cuda::time_ms(be, 3, 50, fn),
+                       1e3 * cuda::time_graph_ms(be, 20, 10, fn)));
+}
+// n normal floats (times scale) in new device memory.
+float* dev_randn(Backend& be, std::mt19937& rng, size_t n, float scale = 1.0f) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto dev_rand = [&](size_t n, float scale = 1.0f) {
-    std::vector<float> h(n);
-    for (auto& v : h) v = nd(rng) * scale;
-    float* d = static_cast<float*>(be.alloc(n * 4));
-    be.upload(d, h.data(), n * 4);
-    return d;
-  };
+  std::vector<float> h(n);
+  for (auto& v : h) v = nd(rng) * scale;
+  float* d = static_cast<float*>(be.alloc(n * 4));
+  be.upload(d, h.data(), n * 4);
+  return d;
+}
+
+// Decode / verify attention (Backend::attention) at the 27B shape and the 27B drafter's block: M = 1
+// and M = 8 causal rows at the end of the cache, from short to long contexts. Rows of section 3's table
+// (also alone with --attention).
+void bench_attention_decode(Backend& be, Out& out) {
+  std::mt19937 rng(5);
+  auto dev_rand = [&](size_t n, float scale = 1.0f) { return dev_randn(be, rng, n, scale); };
   auto row = [&](const std::string& op, const std::string& shape, const std::function<void()>& fn) {
-    out.line(fmt::format("| {} | {} | {:.1f} | {:.1f} |", op, shape, 1e3 * cuda::time_ms(be, 3, 50, fn),
-                         1e3 * cuda::time_graph_ms(be, 20, 10, fn)));
+    op_table_row(be, out, op, shape, fn);
   };
   for (int64_t keys : {100, 576, 1024, 4096, 32768}) {
     float* kc = dev_rand(keys * 4 * 256);
@@ -313,6 +323,7 @@ int main(int argc, char** argv) {
     auto be = make_cuda_backend(0);
     out.line(fmt::format("device: {}", cuda_device_description(0)));
     if (attn_only) {  // the decode / verify attention rows of section 3 alone
+      op_table_header(out);
       bench_attention_decode(*be, out);
       if (!out_path.empty()) std::ofstream(out_path) << out.md;
       return 0;
@@ -410,24 +421,15 @@ int main(int argc, char** argv) {
 
     // ---- other ops at decode shapes (M = 1 unless noted)
     if (!model_only) {
-      out.line("| op | shape | us (one launch, events) | us (in a graph of 20) |");
-      out.line("|---|---|---|---|");
+      op_table_header(out);
       std::mt19937 rng(5);
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      auto dev_rand = [&](size_t n, float scale = 1.0f) {
-        std::vector<float> h(n);
-        for (auto& v : h) v = nd(rng) * scale;
-        float* d = static_cast<float*>(be->alloc(n * 4));
-        be->upload(d, h.data(), n * 4);
-        return d;
-      };
+      auto dev_rand = [&](size_t n, float scale = 1.0f) { return dev_randn(*be, rng, n, scale); };
       const int64_t E = 5120, V = 248320;
       float* x = dev_rand(8 * 17408);
       float* y = dev_rand(8 * 17408);
       float* w = dev_rand(17408);
       auto row = [&](const std::string& op, const std::string& shape, const std::function<void()>& fn) {
-        out.line(fmt::format("| {} | {} | {:.1f} | {:.1f} |", op, shape, 1e3 * cuda::time_ms(*be, 3, 50, fn),
-                             1e3 * cuda::time_graph_ms(*be, 20, 10, fn)));
+        op_table_row(*be, out, op, shape, fn);
       };
       row("rms_norm", "1x5120", [&] { be->rms_norm(x, w, y, 1, E, 1e-6f); });
       row("add", "5120", [&] { be->add(x, y, y, E); });
