@@ -26,11 +26,11 @@
 //     o = fma(acc_z, w_z, o) in segment order from 0; out = o * (1 / tot). An empty range gives zeros.
 //
 // Work layout (free to depend on M). An item is (row group, segment, KV head x head chunk): `rows` rows
-// x `hc` query heads of one KV head (NQ = rows x hc <= kSegMaxQ = 24 queries). A grid of one CTA per SM (by
-// shared memory) of 8 warps works through the items segment-major, so a short context's few non-empty
-// items spread over the SMs and its empty ones cost a check each. An item streams the union of its rows'
-// segment tiles through two shared-memory stages (cp.async): K and V of a tile are read once for all
-// its queries (GQA). Per tile: scores (warp = slice, lane = key; the slice partials go to shared
+// x `hc` query heads of one KV head (NQ = rows x hc <= kSegMaxQ = 24 queries). A grid of the CTAs that
+// fit at once (8 warps each; one per SM at head dim 256) works through the items segment-major, so a
+// short context's few non-empty items spread over the SMs and its empty ones cost a check each. An item
+// streams the union of its rows' segment tiles through two shared-memory stages (cp.async): K and V of a
+// tile are read once for all its queries (GQA). Per tile: scores (warp = slice, lane = key; the slice partials go to shared
 // memory), softmax (warp per query, lane = key), P . V (thread = float4 chunk of the head dim x a group
 // of 1, 2, 4 or 8 queries, accumulators in registers across the segment's tiles).
 #include <algorithm>
@@ -61,7 +61,7 @@ struct SegArgs {
   float* out;
   int64_t M, n_heads, kv_stride;  // kv_stride = n_kv_heads * D floats between keys
   int D, d4;                      // d4 = D / 4 chunks (D % 4 == 0)
-  int group, hc, hchunks, rows;   // heads per KV head; heads per CTA; CTAs over a group's heads; rows per CTA
+  int group, hc, hchunks, rows;   // heads per KV head; heads per item; head chunks per KV head; rows per item
   float scale;
 };
 
@@ -114,8 +114,9 @@ struct SegSmem {
 };
 
 // One CTA works through the (row group, segment, KV head x head chunk) items blockIdx.x, + gridDim.x, ...
-// (segment-major, so the short contexts' few non-empty items go to different CTAs): a grid of one CTA
-// per SM, so the empty segments of a short context cost a check each, not a CTA launch.
+// (segment-major, so a short context's few non-empty items go to different CTAs): a grid of as many CTAs
+// as are resident at once (one per SM at head dim 256, two at 128), so the empty segments of a short
+// context cost a check each, not a CTA launch.
 template <int CPS>
 __global__ void __launch_bounds__(kSegThreads, 1) attention_segment_kernel(const SegArgs a) {
   using L = SegSmem<CPS>;
