@@ -1,8 +1,10 @@
 // `dflash bench`: a llama-bench-like table for one target (and drafter) on one backend.
 //
 //   dflash bench [-m TARGET] [-d DRAFTER] [--device cpu|cuda[:N]] [-p 512] [-n 128] [--block 8] [-r 3]
+//                [--depth D]
 //
-// Rows:
+// Rows (with --depth D each test runs after D tokens already in the cache, and its name ends in
+// " @ dD", as llama-bench's -d: attention reads more keys, the drafter's context is longer):
 //   pp<P>      prefill of P prompt tokens from an empty cache (chunks of --ubatch rows), with the
 //              weight matmuls' TFLOP/s
 //   tg<N>      plain greedy decode of N tokens (one row per step)
@@ -57,6 +59,7 @@ struct BenchArgs {
   int64_t n_gen = 128;
   int64_t ubatch = 0;  // 0: the backend's prefill_rows() (64 on the CPU, 512 on CUDA)
   int64_t block = 8;
+  int64_t depth = 0;  // tokens in the cache before each test
   int reps = 3;
   bool no_spec = false;
   bool no_warmup = false;  // skip the untimed run before each test (lazy kernel loading, graph captures)
@@ -176,7 +179,8 @@ void bench(const BenchArgs& a) {
   if (a.no_spec) drafter_path.clear();
   std::optional<gguf::File> dfile;
   TargetOptions topts;
-  topts.n_ctx = a.n_prompt + a.n_gen + 64;
+  // the deepest test: depth + the prompt (pp; spec's prompt is shorter than 256) + the generated tokens
+  topts.n_ctx = a.depth + std::max<int64_t>(a.n_prompt, 256) + a.n_gen + 64;
   topts.max_rows = a.ubatch;
   if (!drafter_path.empty()) {
     dfile.emplace(gguf::File::open(drafter_path));
@@ -207,6 +211,18 @@ void bench(const BenchArgs& a) {
   }
   if (spec_prompt.empty()) spec_prompt = random_ids(32);
 
+  // The cache before each test: `depth` random tokens (at least `least`), prefilled untimed.
+  const std::string at_depth = a.depth > 0 ? fmt::format(" @ d{}", a.depth) : "";
+  auto fill_cache = [&](int64_t least) {
+    model->reset();
+    return prefill(*model, random_ids(std::max(a.depth, least)));
+  };
+  if (a.depth > 0) {  // spec: the code prompt after `depth` random tokens
+    std::vector<int32_t> p = random_ids(a.depth);
+    p.insert(p.end(), spec_prompt.begin(), spec_prompt.end());
+    spec_prompt = std::move(p);
+  }
+
   std::vector<Row> rows;
   // Each test first runs once untimed (unless --no-warmup), as llama-bench does: the first run pays
   // one-time costs (CUDA loads each kernel at its first launch, step graphs are captured at their
@@ -217,12 +233,14 @@ void bench(const BenchArgs& a) {
     std::vector<double> rates;
     if (warm) {
       model->reset();
+      if (a.depth > 0) prefill(*model, random_ids(a.depth));
       prefill(*model, random_ids(a.n_prompt));
       be->synchronize();
     }
     for (int r = 0; r < a.reps; ++r) {
       const auto prompt = random_ids(a.n_prompt);
       model->reset();
+      if (a.depth > 0) prefill(*model, random_ids(a.depth));
       be->synchronize();
       const auto t0 = Clock::now();
       prefill(*model, prompt);
@@ -230,7 +248,7 @@ void bench(const BenchArgs& a) {
       rates.push_back(a.n_prompt / seconds(t0));
     }
     Row row;
-    row.test = fmt::format("pp{}", a.n_prompt);
+    row.test = fmt::format("pp{}{}", a.n_prompt, at_depth);
     row.tok_s = stat_of(rates);
     row.ms_per_tok = 1e3 / row.tok_s.mean;
     const double params = matmul_params(file), tflops = 2.0 * params * row.tok_s.mean / 1e12;
@@ -238,13 +256,12 @@ void bench(const BenchArgs& a) {
     row.j["matmul_tflops"] = tflops;
     rows.push_back(row);
   }
-  // ---- tg: decode after a 16-token prompt; the floor at the middle position
+  // ---- tg: decode after a 16-token prompt (or the depth); the floor at the middle position
   double decode_ms = 0;
   {
     std::vector<double> rates;
     for (int r = warm ? -1 : 0; r < a.reps; ++r) {  // r = -1: the warm-up (4 steps, not recorded)
-      model->reset();
-      int32_t tok = prefill(*model, random_ids(16));
+      int32_t tok = fill_cache(16);
       ForwardOptions fo;
       fo.logits = LogitRows::kLast;
       if (r < 0) {
@@ -256,10 +273,10 @@ void bench(const BenchArgs& a) {
       rates.push_back(a.n_gen / seconds(t0));
     }
     Row row;
-    row.test = fmt::format("tg{}", a.n_gen);
+    row.test = fmt::format("tg{}{}", a.n_gen, at_depth);
     row.tok_s = stat_of(rates);
     row.ms_per_tok = decode_ms = 1e3 / row.tok_s.mean;
-    const double bytes = decode_bytes(file, cfg, 16 + a.n_gen / 2);
+    const double bytes = decode_bytes(file, cfg, std::max<int64_t>(a.depth, 16) + a.n_gen / 2);
     row.gb_s = bytes * row.tok_s.mean / 1e9;
     row.pct_floor = 100.0 * row.gb_s / floor_gbs;
     row.extra = fmt::format("{:.1f} MB/token, floor {:.3f} ms", bytes / 1e6, bytes / floor_gbs / 1e6);
@@ -268,8 +285,7 @@ void bench(const BenchArgs& a) {
   // ---- verify: an undoable B-row forward + rollback(1), relative to one decode step
   {
     std::vector<double> ms;
-    model->reset();
-    prefill(*model, random_ids(16));
+    fill_cache(16);
     ForwardOptions fo;
     fo.logits = LogitRows::kAll;
     fo.undoable = true;
@@ -293,7 +309,7 @@ void bench(const BenchArgs& a) {
       ms.push_back(1e3 * seconds(t0) / iters);
     }
     Row row;
-    row.test = fmt::format("verify{}", a.block);
+    row.test = fmt::format("verify{}{}", a.block, at_depth);
     const Stat s = stat_of(ms);
     row.verify = true;
     row.tok_s = {a.block * 1e3 / s.mean, 0};  // rows verified per second (JSON only)
@@ -306,7 +322,7 @@ void bench(const BenchArgs& a) {
   if (drafter) {
     model->reset();
     drafter->reset_context();
-    prefill_device_taps(*model, random_ids(64),
+    prefill_device_taps(*model, random_ids(std::max<int64_t>(a.depth, 64)),
                         [&](const float* taps, int64_t n) { drafter->append_context_device(taps, n); });
     const int iters = std::max<int>(8, static_cast<int>(a.n_gen / 4));
     std::vector<double> ms;
@@ -319,7 +335,7 @@ void bench(const BenchArgs& a) {
       ms.push_back(1e3 * seconds(t0) / iters);
     }
     Row row;
-    row.test = fmt::format("draft{}", drafter->block_size());
+    row.test = fmt::format("draft{}{}", drafter->block_size(), at_depth);
     const Stat s = stat_of(ms);
     row.verify = true;  // a step time, not a token rate
     row.tok_s = {1e3 / s.mean, 0};
@@ -353,7 +369,7 @@ void bench(const BenchArgs& a) {
       taus.push_back(st.acceptance_length());
     }
     Row row;
-    row.test = fmt::format("spec{} b{}", a.n_gen, a.block);
+    row.test = fmt::format("spec{} b{}{}", a.n_gen, a.block, at_depth);
     row.tok_s = stat_of(rates);
     row.ms_per_tok = 1e3 / row.tok_s.mean;
     const double tau = stat_of(taus).mean;
@@ -420,6 +436,8 @@ void register_bench(CLI::App& app) {
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--block", a->block, "verify width B (2..8)")->check(CLI::Range(2, 16));
   cmd->add_option("-r,--reps", a->reps, "repetitions of each test")->check(CLI::Range(1, 100));
+  cmd->add_option("--depth", a->depth, "tokens already in the cache before each test (llama-bench's -d)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_flag("--no-spec", a->no_spec, "skip the speculative test");
   cmd->add_flag("--no-warmup", a->no_warmup, "time the first run of each test too (no untimed warm-up run)");
   cmd->add_flag("--json", a->json, "print the results as JSON");

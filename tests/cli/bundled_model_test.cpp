@@ -108,6 +108,26 @@ TEST_F(BundledModel, BenchReportsEveryRow) {
   EXPECT_GT(j["rows"][4]["acceptance_length"].get<double>(), 1.0);  // the bundled drafter accepts something
 }
 
+// --depth D: every test after D tokens already in the cache, named as llama-bench names them ("tg4 @ d100");
+// the context holds the deepest test (100 cached tokens are more than -p 8 -n 4 alone would size it
+// for: no "context full"), and a negative depth is a usage error.
+TEST_F(BundledModel, BenchAtDepth) {
+  const std::string env = "DFLASH_MODELS_DIR=" + shell_quote(kModels.string());
+  const auto r = run("bench -r 1 -n 4 -p 8 -t 2 --depth 100 --json", env);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  std::vector<std::string> tests;
+  for (const auto& row : j["rows"]) {
+    tests.push_back(row["test"]);
+    EXPECT_GT(row["tokens_per_second"].get<double>(), 0.0) << row.dump();
+  }
+  EXPECT_EQ(tests, (std::vector<std::string>{"pp8 @ d100", "tg4 @ d100", "verify8 @ d100", "draft8 @ d100",
+                                             "spec4 b8 @ d100"}));
+  const auto bad = run("bench --depth -3", env);
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("depth"), std::string::npos) << bad.err;
+}
+
 // --no-warmup (time the first run too) is accepted and still reports every row; an unknown flag is a
 // usage error, not a crash.
 TEST_F(BundledModel, BenchWithoutWarmup) {
