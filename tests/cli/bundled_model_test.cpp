@@ -29,6 +29,20 @@ class BundledModel : public testing::BinaryTest {
     if (r.code != 0) return {};
     return nlohmann::json::parse(r.out)["tokens"].get<std::vector<int>>();
   }
+  // `dflash bench ARGS --json` on the bundled pair (empty on failure, with the failure recorded).
+  nlohmann::json bench(const std::string& args) {
+    const auto r = run("bench " + args + " --json", "DFLASH_MODELS_DIR=" + shell_quote(kModels.string()));
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json();
+  }
+  static std::vector<std::string> row_names(const nlohmann::json& j) {
+    std::vector<std::string> tests;
+    for (const auto& row : j["rows"]) tests.push_back(row["test"]);
+    return tests;
+  }
+  static void expect_positive_rates(const nlohmann::json& j) {
+    for (const auto& row : j["rows"]) EXPECT_GT(row["tokens_per_second"].get<double>(), 0.0) << row.dump();
+  }
 };
 
 // Recorded from the CPU reference on 2026-11-30 (commit of models/target.gguf). The CPU kernels have
@@ -92,15 +106,10 @@ namespace {
 // `dflash bench` produces every row, with rates and the floor comparison (numbers are not asserted:
 // speed is measured in benchmarks, never in tests).
 TEST_F(BundledModel, BenchReportsEveryRow) {
-  const auto r = run("bench -r 1 -n 8 -p 16 -t 2 --json", "DFLASH_MODELS_DIR=" + shell_quote(kModels.string()));
-  ASSERT_EQ(r.code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out);
-  std::vector<std::string> tests;
-  for (const auto& row : j["rows"]) {
-    tests.push_back(row["test"]);
-    EXPECT_GT(row["tokens_per_second"].get<double>(), 0.0) << row.dump();
-  }
-  EXPECT_EQ(tests, (std::vector<std::string>{"pp16", "tg8", "verify8", "draft8", "spec8 b8"}));
+  const auto j = bench("-r 1 -n 8 -p 16 -t 2");
+  ASSERT_FALSE(j.is_null());
+  expect_positive_rates(j);
+  EXPECT_EQ(row_names(j), (std::vector<std::string>{"pp16", "tg8", "verify8", "draft8", "spec8 b8"}));
   EXPECT_TRUE(j["rows"][1].contains("percent_of_floor"));
   EXPECT_GT(j["rows"][0]["matmul_tflops"].get<double>(), 0.0);
   EXPECT_GT(j["read_bandwidth_gbs"].get<double>(), 0.0);
@@ -112,18 +121,12 @@ TEST_F(BundledModel, BenchReportsEveryRow) {
 // the context holds the deepest test (100 cached tokens are more than -p 8 -n 4 alone would size it
 // for: no "context full"), and a negative depth is a usage error.
 TEST_F(BundledModel, BenchAtDepth) {
-  const std::string env = "DFLASH_MODELS_DIR=" + shell_quote(kModels.string());
-  const auto r = run("bench -r 1 -n 4 -p 8 -t 2 --depth 100 --json", env);
-  ASSERT_EQ(r.code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out);
-  std::vector<std::string> tests;
-  for (const auto& row : j["rows"]) {
-    tests.push_back(row["test"]);
-    EXPECT_GT(row["tokens_per_second"].get<double>(), 0.0) << row.dump();
-  }
-  EXPECT_EQ(tests, (std::vector<std::string>{"pp8 @ d100", "tg4 @ d100", "verify8 @ d100", "draft8 @ d100",
-                                             "spec4 b8 @ d100"}));
-  const auto bad = run("bench --depth -3", env);
+  const auto j = bench("-r 1 -n 4 -p 8 -t 2 --depth 100");
+  ASSERT_FALSE(j.is_null());
+  expect_positive_rates(j);
+  EXPECT_EQ(row_names(j), (std::vector<std::string>{"pp8 @ d100", "tg4 @ d100", "verify8 @ d100", "draft8 @ d100",
+                                                    "spec4 b8 @ d100"}));
+  const auto bad = run("bench --depth -3", "DFLASH_MODELS_DIR=" + shell_quote(kModels.string()));
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.err.find("depth"), std::string::npos) << bad.err;
 }
@@ -131,14 +134,10 @@ TEST_F(BundledModel, BenchAtDepth) {
 // --no-warmup (time the first run too) is accepted and still reports every row; an unknown flag is a
 // usage error, not a crash.
 TEST_F(BundledModel, BenchWithoutWarmup) {
-  const std::string env = "DFLASH_MODELS_DIR=" + shell_quote(kModels.string());
-  const auto r = run("bench -r 1 -n 4 -p 8 -t 2 --no-spec --no-warmup --json", env);
-  ASSERT_EQ(r.code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out);
-  std::vector<std::string> tests;
-  for (const auto& row : j["rows"]) tests.push_back(row["test"]);
-  EXPECT_EQ(tests, (std::vector<std::string>{"pp8", "tg4", "verify8"}));
-  const auto bad = run("bench --no-warmups", env);
+  const auto j = bench("-r 1 -n 4 -p 8 -t 2 --no-spec --no-warmup");
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(row_names(j), (std::vector<std::string>{"pp8", "tg4", "verify8"}));
+  const auto bad = run("bench --no-warmups", "DFLASH_MODELS_DIR=" + shell_quote(kModels.string()));
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.err.find("no-warmups"), std::string::npos) << bad.err;
 }
