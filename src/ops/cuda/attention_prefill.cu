@@ -56,12 +56,6 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_wait_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -186,12 +180,12 @@ __global__ void __launch_bounds__(kPThreads, 1) attention_prefill_kernel(Prefill
   float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f;  // running max and sum of rows ra, rb
 
   if (t_begin < t_end) load_tile(t_begin, 0);
-  cp_commit();
+  cp_async_commit();
   for (int t = t_begin; t < t_end; ++t) {
     const int stage = (t - t_begin) & 1;
     if (t + 1 < t_end) load_tile(t + 1, stage ^ 1);
-    cp_commit();
-    cp_wait_one();  // tile t has landed (only the group of tile t + 1 may be pending)
+    cp_async_commit();
+    cp_async_wait<1>();  // tile t has landed (only the group of tile t + 1 may be pending)
     __syncthreads();
     const int kb = t * kPKeys;
     if (kb < whi && kb + kPKeys > wlo) {

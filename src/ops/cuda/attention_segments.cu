@@ -85,16 +85,6 @@ __device__ __forceinline__ int segment_count(int lo, int hi) {
   return (t_hi - t_lo + spt - 1) / spt;
 }
 
-__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // Shared-memory layout (floats) for CPS float4 chunks per slice.
 template <int CPS>
 struct SegSmem {
@@ -450,18 +440,6 @@ int segment_ctas_per_sm() {
   return n;
 }
 
-int device_sms() {
-  static const int n = [] {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    return sms;
-  }();
-  return n;
-}
-
 // One launch of at most kSegMaxM rows: the segment kernel (at most `ctas` CTAs), then the merge.
 template <int CPS>
 void launch_segments_cps(const SegArgs& a, int64_t n_kv_heads, int ctas, cudaStream_t s) {
@@ -529,7 +507,7 @@ bool launch_attention_segments(const float* q, const float* k, const float* v, c
   else if (cps <= 2) launch = launch_segments_cps<2>, per_sm = segment_ctas_per_sm<2>();
   else if (cps <= 4) launch = launch_segments_cps<4>, per_sm = segment_ctas_per_sm<4>();
   else launch = launch_segments_cps<8>, per_sm = segment_ctas_per_sm<8>();
-  const int ctas = per_sm * device_sms();
+  const int ctas = per_sm * current_sm_count();
   if (ctas < 1) return false;
   // At most kSegMaxM rows per launch (the range table); the launches share the scratch in stream order.
   for (int64_t r0 = 0; r0 < M; r0 += kSegMaxM) {

@@ -50,13 +50,6 @@ __global__ void stream_weights_kernel(const StreamRanges r, int nr, unsigned* __
 
 __global__ void empty_kernel() { pdl_wait(); }
 
-int current_sm_count() {
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  return sms;
-}
-
 }  // namespace
 
 void launch_empty(cudaStream_t s) { launch_pdl(empty_kernel, dim3(1), dim3(32), 0, s); }

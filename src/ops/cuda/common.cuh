@@ -122,6 +122,19 @@ __device__ __forceinline__ void pdl_wait(bool trigger = true) {
   if (trigger) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+// Asynchronous 16-byte global -> shared copies (cp.async.cg: L2 only), their commit groups and the wait
+// for all but the newest N groups. The "memory" clobbers keep the compiler from moving shared-memory
+// accesses across them.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // Asks L2 for the 128-byte line holding p (no register, no wait). Kernels issue it before pdl_wait() for
 // the constants they read late (norm weights): the weights of a decode step stream through L2, so a
 // small weight read after the wait would otherwise pay a DRAM round trip on the step's critical path.

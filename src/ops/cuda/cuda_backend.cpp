@@ -950,6 +950,15 @@ bool env_flag(const char* name, bool dflt) {
   return std::string_view(v) != "0";
 }
 
+int current_sm_count() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 bool pdl_enabled() {
   static const bool on = env_flag("DFLASH_CUDA_PDL", true);
   return on;

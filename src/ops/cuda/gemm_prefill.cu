@@ -605,11 +605,8 @@ __global__ void __launch_bounds__(kWgThreads, WgTile<BN>::kMinBlocks) gemm_terna
 }
 
 int sm_count() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
-    return 132;
-  return n;
+  const int n = current_sm_count();
+  return n > 0 ? n : 132;
 }
 
 // The launch's weights: parts in grid.y order, each weight's row tiles of bo rows; returns the total

@@ -145,16 +145,6 @@ __device__ __forceinline__ const uint8_t* stage_acts(const uint8_t* stage) {
   return stage + kTilesPerCta * (F::kCodeBytes + F::kScaleBytes);
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 // Per-lane source pointers of block b_lo (advanced by F::kWarps blocks per issue): the lane's
 // 16-byte pieces of the tiles' codes and of the CTA's scales.
 template <class F>
