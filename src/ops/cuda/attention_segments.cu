@@ -34,7 +34,6 @@
 // memory), softmax (warp per query, lane = key), P . V (thread = float4 chunk of the head dim x a group
 // of 1, 2, 4 or 8 queries, accumulators in registers across the segment's tiles).
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
@@ -487,10 +486,7 @@ bool launch_attention_segments(const float* q, const float* k, const float* v, c
   // queries) instead of 2 took 83.1 -> 66.2 us at 4096 keys and 546 -> 428 at 32768, tie at 576 keys,
   // and lose at 100 (12.2 -> 15.0 us: fewer CTAs for a short context; S10-12). DFLASH_CUDA_ATTN_ROWS=N
   // sets it (clamped; a layout switch for measurements: the bits do not change).
-  static const int rows_env = [] {
-    const char* e = std::getenv("DFLASH_CUDA_ATTN_ROWS");
-    return e ? std::atoi(e) : 0;
-  }();
+  static const int rows_env = env_int("DFLASH_CUDA_ATTN_ROWS", 0);
   const int most = std::min(std::max(1, kSegMaxQ / a.hc), kSegMaxRows);
   // the fewest row groups of at most `most` rows, the rows spread evenly over them
   const int64_t groups = (std::min<int64_t>(M, kSegMaxM) + most - 1) / most;

@@ -950,6 +950,11 @@ bool env_flag(const char* name, bool dflt) {
   return std::string_view(v) != "0";
 }
 
+int env_int(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v == nullptr || *v == '\0' ? dflt : std::atoi(v);
+}
+
 int current_sm_count() {
   int dev = 0, n = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {

@@ -24,10 +24,7 @@ namespace {
 // serial chain per row of the 4 of rounds 2-8; the sums are grouped differently, so the bits differ
 // between the two settings, never between row counts).
 int gdn_groups() {
-  static const int v = [] {
-    const char* e = std::getenv("DFLASH_CUDA_GDN_GROUPS");
-    return e != nullptr && std::atoi(e) == 4 ? 4 : 8;
-  }();
+  static const int v = env_int("DFLASH_CUDA_GDN_GROUPS", 8) == 4 ? 4 : 8;
   return v;
 }
 

@@ -15,6 +15,8 @@ namespace dflash::cuda {
 // A runtime switch from the environment (cuda_backend.cpp): unset or empty -> dflt, "0" -> false, anything
 // else -> true. Callers read it once (a function-local static): the switches are per process.
 bool env_flag(const char* name, bool dflt);
+// An integer runtime setting: unset or empty -> dflt, else its atoi value (callers clamp it).
+int env_int(const char* name, int dflt);
 // Streaming multiprocessors of the current device (cuda_backend.cpp); 0 when the runtime cannot say.
 int current_sm_count();
 

@@ -378,8 +378,7 @@ inline int64_t mma_ctas(int64_t out) { return (padded_rows(out) / 16 + kTilesPer
 // bytes in flight).
 inline int mma_ctas_per_sm(int format_default) {
   static const int v = [] {
-    const char* e = std::getenv("DFLASH_CUDA_TERNARY_WAVE");
-    const int n = e ? std::atoi(e) : 0;
+    const int n = env_int("DFLASH_CUDA_TERNARY_WAVE", 0);
     return n >= 1 && n <= 8 ? n : 0;
   }();
   return v ? v : format_default;
