@@ -16,7 +16,8 @@
 #       into /tmp, never carried) and measures whole-model decode on it.
 #       --dflash-bench TYPE writes the synthetic 27B target of TYPE and the 27B-shaped drafter
 #       (`dflash synth-drafter --preset qwen38-27b`) and runs `dflash bench --device cuda` on the pair
-#       (repetitions $DBENCH_REPS, default 2; extra bench options in $DBENCH_ARGS).
+#       (repetitions $DBENCH_REPS, default 2; extra bench options in $DBENCH_ARGS), then once more for
+#       each context depth in $DBENCH_DEPTHS (e.g. DBENCH_DEPTHS='4096 32768': `--depth D`).
 #       --attention times the decode / verify attention alone (bench_cuda_ops --attention) with the
 #       default kernels, with the generic split kernel (DFLASH_CUDA_ATTN_SEGMENTS=0) and with each ';'-separated
 #       set of assignments in $ATTN_ENV (e.g. ATTN_ENV='DFLASH_CUDA_ATTN_ROWS=1'): $OUT/attention.md.
@@ -191,6 +192,13 @@ if [ -n "$DBENCH" ]; then
     >"$OUT/dflash_bench_$DBENCH.md" 2>"$OUT/dflash_bench_$DBENCH.log"
   echo "dflash bench $DBENCH: exit $? in $(( $(date +%s) - t0 )) s"
   cat "$OUT/dflash_bench_$DBENCH.md"; tail -5 "$OUT/dflash_bench_$DBENCH.log"
+  for depth in ${DBENCH_DEPTHS:-}; do  # the same table after `depth` tokens in the cache
+    t0=$(date +%s)
+    timeout 300 "$G/dflash" bench --device cuda -m "$F" -d "$D" -p 512 -n "$TOKENS" -r "${DBENCH_REPS:-2}" \
+      --depth "$depth" ${DBENCH_ARGS:-} >"$OUT/dflash_bench_${DBENCH}_d$depth.md" 2>"$OUT/dflash_bench_${DBENCH}_d$depth.log"
+    echo "dflash bench $DBENCH --depth $depth: exit $? in $(( $(date +%s) - t0 )) s"
+    cat "$OUT/dflash_bench_${DBENCH}_d$depth.md"; tail -3 "$OUT/dflash_bench_${DBENCH}_d$depth.log"
+  done
 fi
 
 if [ $ATTN = 1 ]; then

@@ -185,6 +185,7 @@ struct Q4kFmt {
       const float ng8 = fp16_to_f32(static_cast<uint16_t>(ddg8 >> 16));
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
+        if (!row_col_used<R>(jj)) continue;
         int P0, P1, P2, N0, N1, N2;
         gather_planes<R>(P, jj, P0, P1, P2);
         gather_planes<R>(N, jj, N0, N1, N2);
@@ -245,6 +246,7 @@ struct Q6kFmt {
       const float dg8 = fp16_to_f32(static_cast<uint16_t>(ddg8 & 0xffffu));
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
+        if (!row_col_used<R>(jj)) continue;
         int P0, P1, P2;
         gather_planes<R>(P, jj, P0, P1, P2);
         acc[i][jj] = __fmaf_rn(__fmul_rn(jj < 2 ? dg : dg8, sx[jj & 1]), planes_value(P0, P1, P2), acc[i][jj]);

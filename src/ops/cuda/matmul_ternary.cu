@@ -151,6 +151,7 @@ struct TernaryFmt {
       const float dg8 = fp16_to_f32(static_cast<uint16_t>(sc >> 16));
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
+        if (!row_col_used<R>(jj)) continue;
         // The plane sums of the owned column (|D| <= 128 * 128), then v exactly (|v| < 2^31).
         int D0, D1, D2;
         gather_planes<R>(d, jj, D0, D1, D2);

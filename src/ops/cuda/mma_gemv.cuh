@@ -14,11 +14,15 @@
 // turns them into floats in a fixed order per (weight row, activation row), so nothing depends on M.
 //
 // Columns of the mma's B (n = 8 per n-tile): the 3 digit planes of the activation rows, column
-// c = R p + m for plane p of row m (R = 2, 4 or 8 rows per plane group, NT = ceil(3R / 8) n-tiles).
+// c = R p + m for plane p of row m (R = 1, 2, 4 or 8 rows per plane group, NT = ceil(3R / 8) n-tiles).
 // One or two activation rows (decode) fill one n-tile. Lane quad position t < R / 2 owns rows
 // m = 2t, 2t + 1 (D's columns 2t, 2t + 1): gather_planes() brings it the 3 plane sums of its rows (its
 // own n-tiles, or through a shuffle from lane t + 1 or t + 2 of the quad), so the float steps of a row
-// are the same for every R and M.
+// are the same for every R and M. R = 1 (one activation row, the decode step) is the exception: lane
+// t = 0 owns row 0 through D's columns 0 and 1 (planes 0 and 1) and takes plane 2 from lane t = 1, so
+// a tile's block needs 2 shuffles and 2 plane combinations instead of R = 2's 8 and 4 (half of which
+// were for a row that does not exist). The plane sums are exact integers, so the map changes no bits.
+// row_col_used<R>(jj) says whether accumulator register jj (D's jj) belongs to an owned row.
 //
 // Work split: a CTA (F::kWarps warps) owns 4 tiles (64 weight rows) x 8 activation rows x a k-range;
 // warp w takes blocks b_lo + w, + kWarps, ... of it in order; the warp sums are added in warp order; with a k
@@ -171,13 +175,35 @@ __device__ __forceinline__ void issue_weights(const BlockSrc<F>& src, int64_t bo
     if (lane + 32 * q < BlockSrc<F>::kScalePieces)
       cp_async16(stage + kTilesPerCta * F::kCodeBytes + (lane + 32 * q) * 16, src.scales[q] + boff * F::kScaleBytes);
 }
-template <class F>
-__device__ __forceinline__ void issue_acts(const BlockSrc<F>& src, int64_t boff, int nblk, int mc, int lane,
-                                           uint8_t* stage) {
+// The activation pieces (16 B) of one staged block that a lane copies, set once per warp: piece
+// p = lane + 32 it (< mc * 24 pieces of 16 B, the mc rows' records back to back) lands at p * 16 in the
+// stage's xq area and comes from row r = p / 24's record at src.xq + boff * kXqBytes + r * nblk *
+// kXqBytes + (p % 24) * 16 = ... + p * 16 + r * row_skip, row_skip = (nblk - 1) * kXqBytes. The rows
+// r of the lane's pieces are kept as nibbles (15: no piece): dividing by 24 and the 64-bit row offsets
+// on every block had cost as many instructions as a tile's mma work at one row.
+template <int R>
+struct ActPieces {
+  static constexpr int kIters = (R * (kXqBytes / 16) + 31) / 32;  // <= 6 (R = 8)
+  uint32_t rows;  // nibble it: r of piece lane + 32 it, 15 if none
+  int row_skip;
+  __device__ __forceinline__ ActPieces(int mc, int nblk, int lane) : rows(0), row_skip((nblk - 1) * kXqBytes) {
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int p = lane + 32 * it, r = p / (kXqBytes / 16);
+      rows |= static_cast<uint32_t>(p < mc * (kXqBytes / 16) ? r : 15) << (4 * it);
+    }
+  }
+};
+
+template <class F, int R>
+__device__ __forceinline__ void issue_acts(const BlockSrc<F>& src, const ActPieces<R>& ap, int64_t boff, int nblk,
+                                           int mc, int lane, uint8_t* stage) {
   uint8_t* xs = stage + kTilesPerCta * (F::kCodeBytes + F::kScaleBytes);
-  for (int p = lane; p < mc * (kXqBytes / 16); p += 32) {  // 24 pieces per row
-    const int r = p / (kXqBytes / 16), q = p % (kXqBytes / 16);
-    cp_async16(xs + r * kXqBytes + q * 16, src.xq + (static_cast<int64_t>(r) * nblk + boff) * kXqBytes + q * 16);
+  const uint8_t* xq = src.xq + boff * kXqBytes + lane * 16;
+#pragma unroll
+  for (int it = 0; it < ActPieces<R>::kIters; ++it) {
+    const int r = static_cast<int>((ap.rows >> (4 * it)) & 15u);
+    if (r != 15) cp_async16(xs + (lane + 32 * it) * 16, xq + 512 * it + r * ap.row_skip);
   }
   if (lane < mc) cp_async16(xs + mc * kXqBytes + lane * 16, src.meta + (static_cast<int64_t>(lane) * nblk + boff) * 4);
 }
@@ -234,7 +260,11 @@ __device__ __forceinline__ void load_acts(const uint8_t* xs, const int32_t* meta
 // 2t < R): its own n-tiles, or a shuffle from the quad's lane t + 1 / t + 2 (every lane takes part).
 template <int R>
 __device__ __forceinline__ void gather_planes(const int (&d)[ColMap<R>::kNt][4], int jj, int& P0, int& P1, int& P2) {
-  if constexpr (R == 2) {
+  if constexpr (R == 1) {  // jj even: columns 0, 1 here, column 2 on lane t + 1 (its register jj)
+    P0 = d[0][jj];
+    P1 = d[0][jj + 1];
+    P2 = __shfl_down_sync(0xffffffffu, d[0][jj], 1);
+  } else if constexpr (R == 2) {
     P0 = d[0][jj];
     P1 = __shfl_down_sync(0xffffffffu, d[0][jj], 1);
     P2 = __shfl_down_sync(0xffffffffu, d[0][jj], 2);
@@ -247,6 +277,14 @@ __device__ __forceinline__ void gather_planes(const int (&d)[ColMap<R>::kNt][4],
     P1 = d[1][jj];
     P2 = d[2][jj];
   }
+}
+
+// Whether accumulator register jj (rows g / g + 8 x columns 2t, 2t + 1) holds an owned (weight row,
+// activation row) pair's sum: at R = 1 only the even registers (activation row 0; the odd ones are
+// plane 1, folded into the even ones by gather_planes).
+template <int R>
+__device__ __forceinline__ constexpr bool row_col_used(int jj) {
+  return R != 1 || (jj & 1) == 0;
 }
 
 template <class F, int kStages, int R>
@@ -267,6 +305,7 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
   const int sb = stage_bytes<F>(mc);
   uint8_t* ring = smem + warp * kStages * sb;
   const LaneCols<R> lc(mc, g, t);
+  const ActPieces<R> ap(mc, a.nblk, lane);
 
   float acc[kTilesPerCta][4];
 #pragma unroll
@@ -295,7 +334,7 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
   pdl_wait(a.M == 1);
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q) {
-    if (q < nj) issue_acts<F>(src, static_cast<int64_t>(q) * F::kWarps, a.nblk, mc, lane, ring + q * sb);
+    if (q < nj) issue_acts<F, R>(src, ap, static_cast<int64_t>(q) * F::kWarps, a.nblk, mc, lane, ring + q * sb);
     cp_async_commit();
   }
   for (int j = 0; j < nj; ++j) {
@@ -307,7 +346,7 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
     if (jn < nj) {
       uint8_t* st = ring + (jn % kStages) * sb;
       issue_weights<F>(src, static_cast<int64_t>(jn) * F::kWarps, lane, st);
-      issue_acts<F>(src, static_cast<int64_t>(jn) * F::kWarps, a.nblk, mc, lane, st);
+      issue_acts<F, R>(src, ap, static_cast<int64_t>(jn) * F::kWarps, a.nblk, mc, lane, st);
     }
     cp_async_commit();
   }
@@ -321,7 +360,7 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
     for (int i = 0; i < kTilesPerCta; ++i)
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj)
-        red[(warp * R + 2 * t + (jj & 1)) * 64 + 16 * i + g + (jj >= 2 ? 8 : 0)] = acc[i][jj];
+        if (row_col_used<R>(jj)) red[(warp * R + 2 * t + (jj & 1)) * 64 + 16 * i + g + (jj >= 2 ? 8 : 0)] = acc[i][jj];
   __syncthreads();
   // Output (row, m): the warps' sums in warp order.
   constexpr int kOutPerThread = (64 * kCols + F::kWarps * 32 - 1) / (F::kWarps * 32);
@@ -391,6 +430,13 @@ inline bool mma_wide_alt() {
   return v;
 }
 
+// DFLASH_CUDA_MM_ONE_ROW_MAP=0: one activation row takes R = 2's column map (two rows' columns, one
+// empty) instead of R = 1's, for comparison; the bits are the same.
+inline bool mma_one_row_map() {
+  static const bool v = env_flag("DFLASH_CUDA_MM_ONE_ROW_MAP", true);
+  return v;
+}
+
 inline int mma_splits_for(int64_t ctas, int64_t in, int num_sms, int ctas_per_sm, int warps) {
   const int64_t nblk = in / 128;
   // As many CTAs as fit in one wave: a GEMV needs warps for bytes in flight, and a second wave would
@@ -436,6 +482,7 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     };
+    setup(mm_mma_kernel<F, SN, 1>, F::kWarps * SN * stage_bytes<F>(1));
     setup(mm_mma_kernel<F, SN, 2>, F::kWarps * SN * stage_bytes<F>(2));
     setup(mm_mma_kernel<F, SN, 4>, F::kWarps * SN * stage_bytes<F>(4));
     setup(mm_mma_kernel<F, SW, 8>, F::kWarps * SW * stage_bytes<F>(kCols));
@@ -458,7 +505,10 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
     const dim3 block(F::kWarps * 32), cluster(1, 1, grid.z);
     // R (rows per plane group) from the widest tile, and the ring depth: scheduling and column
     // placement only, the arithmetic of a row is the same.
-    if (mc <= 2)
+    if (mc == 1 && mma_one_row_map())
+      (void)launch_ex(mm_mma_kernel<F, SN, 1>, grid, block, F::kWarps * SN * stage_bytes<F>(mc), s, cluster,
+                      pdl_enabled(), a);
+    else if (mc <= 2)
       (void)launch_ex(mm_mma_kernel<F, SN, 2>, grid, block, F::kWarps * SN * stage_bytes<F>(mc), s, cluster,
                       pdl_enabled(), a);
     else if (mc <= 4)
