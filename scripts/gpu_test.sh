@@ -202,8 +202,8 @@ if [ -n "$DBENCH" ]; then
 fi
 
 if [ $ATTN = 1 ]; then
-  # Decode / verify attention alone (bench_cuda_ops --attention): the default kernels, then the cluster
-  # kernel (DFLASH_CUDA_ATTN_SEGMENTS=0), one table each in $OUT/attention.md.
+  # Decode / verify attention alone (bench_cuda_ops --attention): the default kernels, then the generic
+  # split kernel (DFLASH_CUDA_ATTN_SEGMENTS=0) and each set in $ATTN_ENV, one table each in $OUT/attention.md.
   t0=$(date +%s)
   IFS=';' read -r -a AENV <<<"DFLASH_CUDA_ATTN_SEGMENTS=0${ATTN_ENV:+;$ATTN_ENV}"
   { echo "### attention: defaults"; timeout 200 "$G/bench_cuda_ops" --attention; echo
