@@ -517,6 +517,17 @@ void attention_case(int64_t M, int64_t H, int64_t Hkv, int64_t D, int64_t n_keys
   }
   record({fmt::format("attention M-row==1-row {}", what), shape_str({M, H, Hkv, D}), 0, 0, 0, same, same ? "memcmp equal" : "differs"});
   EXPECT_TRUE(same) << what;
+  // the segment kernel's variants (scores layout and staging only) give the default's bits
+  for (int v = 0; v <= 1; ++v) {
+    cuda::set_attention_segment_variant(v);
+    Buf<float> ov(gpu(), M * H * D);
+    gpu().attention(qg, kg, vg, rg, ov, M, H, Hkv, D, scale);
+    cuda::set_attention_segment_variant(-1);
+    const bool eq = std::memcmp(ov.get().data(), multi.data(), M * H * D * 4) == 0;
+    record({fmt::format("attention variant {} == default {}", v, what), shape_str({M, H, Hkv, D}), 0, 0, 0, eq,
+            eq ? "memcmp equal" : "differs"});
+    EXPECT_TRUE(eq) << what << " variant " << v;
+  }
 }
 
 TEST(CudaOps, Attention) {

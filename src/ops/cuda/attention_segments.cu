@@ -29,10 +29,11 @@
 // x `hc` query heads of one KV head (NQ = rows x hc <= kSegMaxQ = 24 queries). A grid of the CTAs that
 // fit at once (8 warps each; one per SM at head dim 256) works through the items segment-major, so a
 // short context's few non-empty items spread over the SMs and its empty ones cost a check each. An item
-// streams the union of its rows' segment tiles through two shared-memory stages (cp.async): K and V of a
-// tile are read once for all its queries (GQA). Per tile: scores (warp = slice, lane = key; the slice partials go to shared
-// memory), softmax (warp per query, lane = key), P . V (thread = float4 chunk of the head dim x a group
-// of 1, 2, 4 or 8 queries, accumulators in registers across the segment's tiles).
+// streams the union of its rows' segment tiles through shared memory (cp.async): K and V of a tile are
+// read once for all its queries (GQA). Per tile: scores (variant 0: warp = slice, lane = key, the slice
+// partials through shared memory; variant 1: warp = query, lane = key), softmax (warp per query, lane =
+// key), P . V (thread = float4 chunk of the head dim x a group of 1, 2, 4, 6 or 8 queries, accumulators
+// in registers across the segment's tiles). SegVariant below: the two variants and when each runs.
 #include <algorithm>
 #include <type_traits>
 
@@ -84,21 +85,23 @@ __device__ __forceinline__ int segment_count(int lo, int hi) {
   return (t_hi - t_lo + spt - 1) / spt;
 }
 
-// Shared-memory layout (floats) for CPS float4 chunks per slice.
-template <int CPS>
+// Shared-memory layout (floats) for CPS float4 chunks per slice; kSlices: the slice-partials buffer
+// of the slice-parallel scores (kLaneScores = false), empty otherwise.
+template <int CPS, bool kSlices = true, int kStages = 2>
 struct SegSmem {
   static constexpr int kDp = 32 * CPS;      // padded head dim (8 slices x CPS chunks x 4)
   static constexpr int kKst = kDp + 4;      // K rows: lane = key, 16-byte reads spread over the banks
   static constexpr int kVst = kDp;          // V rows: lanes read consecutive chunks
   static constexpr int kQ = 0;                                   // [kSegMaxQ][kDp]
-  static constexpr int kK = kQ + kSegMaxQ * kDp;                 // [2][kSegTile][kKst]
-  static constexpr int kV = kK + 2 * kSegTile * kKst;            // [2][kSegTile][kVst]
-  static constexpr int kSp = kV + 2 * kSegTile * kVst;           // slice partials [kSegMaxQ][8][33]
+  static constexpr int kK = kQ + kSegMaxQ * kDp;                 // [kStages][kSegTile][kKst]
+  static constexpr int kV = kK + kStages * kSegTile * kKst;      // [kStages][kSegTile][kVst]
+  static constexpr int kSp = kV + kStages * kSegTile * kVst;     // slice partials [kSegMaxQ][8][33]
   static constexpr int kPst = kSegMaxQ + 4;                      // p rows: float4s of a query group's p
-  static constexpr int kP = kSp + kSegMaxQ * 8 * 33;             // p [kSegTile][kPst]
+  static constexpr int kP = kSp + (kSlices ? kSegMaxQ * 8 * 33 : 0);  // p [kSegTile][kPst]
   static constexpr int kCorr = kP + kSegTile * kPst;             // corr [kSegMaxQ]
   static constexpr int kInts = kCorr + kSegMaxQ;                 // ints: ja, jb, upd [kSegMaxQ]; ranges [2 kSegMaxM]
   static constexpr int kFloats = kInts + 3 * kSegMaxQ + 2 * kSegMaxM;
+  static constexpr int kStagesK = kStages;
   static constexpr size_t kBytes = sizeof(float) * kFloats;
 };
 
@@ -106,9 +109,35 @@ struct SegSmem {
 // (segment-major, so a short context's few non-empty items go to different CTAs): a grid of as many CTAs
 // as are resident at once (one per SM at head dim 256, two at 128), so the empty segments of a short
 // context cost a check each, not a CTA launch.
-template <int CPS>
-__global__ void __launch_bounds__(kSegThreads, 1) attention_segment_kernel(const SegArgs a) {
-  using L = SegSmem<CPS>;
+//
+// kVariant 0: slice-parallel scores (warp = slice of the head dim, lane = key, the slice partials through
+// shared memory), K and V of two tiles in flight (one CTA per SM at head dim 256).
+// kVariant 1: lane scores: a warp computes the scores of its softmax queries (warp, warp + 8, ...), lane =
+// key, each over the whole head dim in the same slice order, so they stay in registers for the softmax
+// (no slice partials, one barrier less per tile); one K and one V buffer (~95 KB at head dim 256: two CTAs
+// per SM), the next tile's K copied while this tile's P.V runs and its V while the next scores run; P.V
+// may take groups of 6 queries (the 27B's 24 queries of a 4-row item on all 256 threads).
+// Only the layout differs: every score and output has the same bits in both (test_cuda compares them).
+// Measured on the H200 (S12-2, bench_cuda_ops --attention, us in a graph, variant 0 / 1): 27B verify
+// (M = 8, 24 queries per item) 66.0 / 59.4 at 4096 keys, 428.8 / 361.5 at 32768, 15.1 / 16.2 at 100;
+// 27B decode (6 queries) 19.6 / 27.4 at 4096, 99.5 / 161.6 at 32768 (a lane's whole-head dot product
+// of one query is load-bound); the drafter's block (head dim 128, already two CTAs per SM with
+// variant 0) 50.0 / 60.5 at 4096. launch_attention_segments picks 1 for head dims above 128 with at
+// least 16 queries per item, 0 otherwise (DFLASH_CUDA_ATTN_VARIANT=0/1 forces one).
+template <int kVariant>
+struct SegVariant {
+  static constexpr bool kLaneScores = kVariant == 1;
+  static constexpr bool kSplit = kVariant == 1;
+  static constexpr int kStages = kSplit ? 1 : 2;
+  static constexpr int kMinCtas = kSplit ? 2 : 1;
+};
+template <int CPS, int kVariant>
+using SegLayout = SegSmem<CPS, !SegVariant<kVariant>::kLaneScores, SegVariant<kVariant>::kStages>;
+
+template <int CPS, int kVariant>
+__global__ void __launch_bounds__(kSegThreads, SegVariant<kVariant>::kMinCtas) attention_segment_kernel(const SegArgs a) {
+  constexpr bool kLaneScores = SegVariant<kVariant>::kLaneScores, kSplit = SegVariant<kVariant>::kSplit;
+  using L = SegLayout<CPS, kVariant>;
   // P.V queries per thread at most: ceil(kSegMaxQ / (kSegThreads / d4)) with d4 <= 8 CPS chunks
   constexpr int kMaxQg = CPS >= 8 ? 8 : 4;
   extern __shared__ __align__(16) float sm[];
@@ -126,7 +155,7 @@ __global__ void __launch_bounds__(kSegThreads, 1) attention_segment_kernel(const
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // The K pad columns of both stages (never written by the tile copies) are zero for the whole kernel.
   if (a.d4 < L::kDp / 4)
-    for (int i = tid; i < 2 * kSegTile * (L::kDp / 4 - a.d4); i += kSegThreads) {
+    for (int i = tid; i < L::kStagesK * kSegTile * (L::kDp / 4 - a.d4); i += kSegThreads) {
       const int pad = L::kDp / 4 - a.d4, key = i / pad, c = a.d4 + i % pad;
       *reinterpret_cast<float4*>(ks + key * L::kKst + 4 * c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
@@ -174,15 +203,16 @@ __global__ void __launch_bounds__(kSegThreads, 1) attention_segment_kernel(const
     // K and V of tile t (keys inside [kmin, kmax) only: the rest of the cache may not exist) -> stage st.
     const float* kbase = a.k + static_cast<int64_t>(kvh) * a.D;
     const float* vbase = a.v + static_cast<int64_t>(kvh) * a.D;
-    auto load_tile = [&](int t, int st) {  // warp per key, lane per chunk
+    // (kv: 1 K only, 2 V only, 3 both)
+    auto load_tile = [&](int t, int st, int kv = 3) {  // warp per key, lane per chunk
       const int k0 = max(t * kSegTile, kmin), k1 = min(t * kSegTile + kSegTile, kmax);
       for (int key = k0 + warp; key < k1; key += kSegThreads / 32) {
         const int j = key - t * kSegTile;
         const float* kg = kbase + key * a.kv_stride;
         const float* vg = vbase + key * a.kv_stride;
         for (int c = lane; c < a.d4; c += 32) {
-          cp_async16(ks + (st * kSegTile + j) * L::kKst + 4 * c, kg + 4 * c);
-          cp_async16(vs + (st * kSegTile + j) * L::kVst + 4 * c, vg + 4 * c);
+          if (kv & 1) cp_async16(ks + (st * kSegTile + j) * L::kKst + 4 * c, kg + 4 * c);
+          if (kv & 2) cp_async16(vs + (st * kSegTile + j) * L::kVst + 4 * c, vg + 4 * c);
         }
       }
     };
@@ -198,27 +228,69 @@ __global__ void __launch_bounds__(kSegThreads, 1) attention_segment_kernel(const
     for (int i = 0; i < kSoftQ; ++i) m_run[i] = -INFINITY, l_run[i] = 0.0f;
     // P.V: chunk pv_c of the query group pv_g (queries qg pv_g .. qg pv_g + qg - 1): groups of 1, 2, 4 or
     // 8 queries, the smallest that fits the CTA (fewer queries per thread: more threads; more: fewer V reads)
-    const int qg = a.d4 * nq <= kSegThreads                ? 1
-                   : a.d4 * ((nq + 1) / 2) <= kSegThreads ? 2
-                   : a.d4 * ((nq + 3) / 4) <= kSegThreads ? 4
-                                                          : 8;
+    const int qg = a.d4 * nq <= kSegThreads                                    ? 1
+                   : a.d4 * ((nq + 1) / 2) <= kSegThreads                     ? 2
+                   : a.d4 * ((nq + 3) / 4) <= kSegThreads                     ? 4
+                   : kLaneScores && kMaxQg == 8 && a.d4 * ((nq + 5) / 6) <= kSegThreads ? 6
+                                                                              : 8;
     const int pv_c = tid % a.d4, pv_g = tid / a.d4;
     const bool pv_on = pv_g < (nq + qg - 1) / qg;
     float4 acc[kMaxQg];
 #pragma unroll
     for (int i = 0; i < kMaxQg; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
-    load_tile(ta, 0);
-    cp_async_commit();
-    for (int t = ta; t < tb; ++t) {
-      const int st = (t - ta) & 1;
-      if (t + 1 < tb) load_tile(t + 1, st ^ 1);
+    if constexpr (kSplit) {  // groups: K(ta) (with the queries), V(ta), then per tile K(t + 1), V(t + 1)
+      load_tile(ta, 0, 1);
       cp_async_commit();
-      cp_async_wait<1>();
+      load_tile(ta, 0, 2);
+      cp_async_commit();
+    } else {
+      load_tile(ta, 0);
+      cp_async_commit();
+    }
+    for (int t = ta; t < tb; ++t) {
+      const int st = kSplit ? 0 : (t - ta) & 1;
+      if constexpr (!kSplit) {
+        if (t + 1 < tb) load_tile(t + 1, st ^ 1);
+        cp_async_commit();
+      }
+      cp_async_wait<1>();  // kSplit: K(t) has landed (V(t) may not have)
       __syncthreads();
 
-      // ---- scores: warp = slice, lane = key; the slice partials of every query, two at a time
-      {
+      // ---- scores (slice-parallel): warp = slice, lane = key; the slice partials of every query, two at a time
+      float lane_s[kSoftQ];  // kLaneScores: this lane's key's score of the warp's queries (unscaled)
+      if constexpr (kLaneScores) {
+        // warp per query (warp, warp + 8, ...), lane = key: slice w's four chains over its CPS chunks,
+        // (a0 + a1) + (a2 + a3), the slices added left to right, as the slice-parallel scores do
+        const float* kr = ks + (st * kSegTile + lane) * L::kKst;
+#pragma unroll
+        for (int qi = 0; qi < kSoftQ; ++qi) lane_s[qi] = 0.0f;
+#pragma unroll 1
+        for (int w = 0; w < 8; ++w) {
+          float acc4[kSoftQ][4];
+#pragma unroll
+          for (int qi = 0; qi < kSoftQ; ++qi) acc4[qi][0] = acc4[qi][1] = acc4[qi][2] = acc4[qi][3] = 0.0f;
+#pragma unroll
+          for (int c = 0; c < CPS; ++c) {
+            const float4 kk = *reinterpret_cast<const float4*>(kr + (w * CPS + c) * 4);
+#pragma unroll
+            for (int qi = 0; qi < kSoftQ; ++qi) {
+              const int q = warp + 8 * qi;
+              if (q >= nq) continue;  // uniform in the warp
+              const float4 qq = *reinterpret_cast<const float4*>(qs + q * L::kDp + (w * CPS + c) * 4);
+              acc4[qi][0] = __fmaf_rn(qq.x, kk.x, acc4[qi][0]);
+              acc4[qi][1] = __fmaf_rn(qq.y, kk.y, acc4[qi][1]);
+              acc4[qi][2] = __fmaf_rn(qq.z, kk.z, acc4[qi][2]);
+              acc4[qi][3] = __fmaf_rn(qq.w, kk.w, acc4[qi][3]);
+            }
+          }
+#pragma unroll
+          for (int qi = 0; qi < kSoftQ; ++qi) {
+            const float part = __fadd_rn(__fadd_rn(acc4[qi][0], acc4[qi][1]), __fadd_rn(acc4[qi][2], acc4[qi][3]));
+            lane_s[qi] = w == 0 ? part : __fadd_rn(lane_s[qi], part);
+          }
+        }
+      } else {
         const float* kr = ks + (st * kSegTile + lane) * L::kKst + warp * CPS * 4;
         float4 kk[CPS];
 #pragma unroll
@@ -244,8 +316,8 @@ __global__ void __launch_bounds__(kSegThreads, 1) attention_segment_kernel(const
           sp[(q * 8 + warp) * 33 + lane] = __fadd_rn(__fadd_rn(a0, a1), __fadd_rn(a2, a3));
           sp[(q2 * 8 + warp) * 33 + lane] = __fadd_rn(__fadd_rn(b0, b1), __fadd_rn(b2, b3));
         }
+        __syncthreads();
       }
-      __syncthreads();
 
       // ---- softmax: warp per query (warp, warp + 8, ...), lane = key
 #pragma unroll
@@ -256,9 +328,14 @@ __global__ void __launch_bounds__(kSegThreads, 1) attention_segment_kernel(const
         query_keys(q, ka, kb);
         const int key = t * kSegTile + lane;
         const bool valid = key >= ka && key < kb;
-        float s = sp[(q * 8) * 33 + lane];
+        float s;
+        if constexpr (kLaneScores) {
+          s = lane_s[qi];
+        } else {
+          s = sp[(q * 8) * 33 + lane];
 #pragma unroll
-        for (int w = 1; w < 8; ++w) s = __fadd_rn(s, sp[(q * 8 + w) * 33 + lane]);
+          for (int w = 1; w < 8; ++w) s = __fadd_rn(s, sp[(q * 8 + w) * 33 + lane]);
+        }
         s = valid ? __fmul_rn(s, a.scale) : -INFINITY;
         const float tmax = warp_max(s);
         if (tmax == -INFINITY) {  // no key of this row in the tile: state unchanged
@@ -278,6 +355,12 @@ __global__ void __launch_bounds__(kSegThreads, 1) attention_segment_kernel(const
           ja_s[q] = max(ka - t * kSegTile, 0);
           jb_s[q] = min(kb - t * kSegTile, kSegTile);
         }
+      }
+      if constexpr (kSplit) {
+        __syncthreads();  // every warp is done with K(t): its buffer takes K(t + 1)
+        if (t + 1 < tb) load_tile(t + 1, 0, 1);
+        cp_async_commit();
+        cp_async_wait<1>();  // V(t) has landed (K(t + 1) may not have)
       }
       __syncthreads();
 
@@ -317,6 +400,11 @@ __global__ void __launch_bounds__(kSegThreads, 1) attention_segment_kernel(const
             const float4 p8 = *reinterpret_cast<const float4*>(pcol + j * L::kPst + 4);
             pp[0] = p4.x, pp[1] = p4.y, pp[2] = p4.z, pp[3] = p4.w;
             pp[4] = p8.x, pp[5] = p8.y, pp[6] = p8.z, pp[7] = p8.w;
+          } else if constexpr (QG == 6) {  // 6 pv_g floats: 8-byte aligned
+            const float2 p0 = *reinterpret_cast<const float2*>(pcol + j * L::kPst);
+            const float2 p1 = *reinterpret_cast<const float2*>(pcol + j * L::kPst + 2);
+            const float2 p2 = *reinterpret_cast<const float2*>(pcol + j * L::kPst + 4);
+            pp[0] = p0.x, pp[1] = p0.y, pp[2] = p1.x, pp[3] = p1.y, pp[4] = p2.x, pp[5] = p2.y;
           } else if constexpr (QG == 4) {
             const float4 p4 = *reinterpret_cast<const float4*>(pcol + j * L::kPst);
             pp[0] = p4.x, pp[1] = p4.y, pp[2] = p4.z, pp[3] = p4.w;
@@ -347,11 +435,20 @@ __global__ void __launch_bounds__(kSegThreads, 1) attention_segment_kernel(const
           pv_tile(std::integral_constant<int, 2>{});
         else if (kMaxQg == 4 || qg == 4)
           pv_tile(std::integral_constant<int, 4>{});
-        else if constexpr (kMaxQg == 8)
-          pv_tile(std::integral_constant<int, 8>{});
+        else if constexpr (kMaxQg == 8) {
+          if (kLaneScores && qg == 6)
+            pv_tile(std::integral_constant<int, 6>{});
+          else
+            pv_tile(std::integral_constant<int, 8>{});
+        }
       }
       __syncthreads();  // the next tile's (or item's) copies overwrite what was read here
+      if constexpr (kSplit) {
+        if (t + 1 < tb) load_tile(t + 1, 0, 2);
+        cp_async_commit();
+      }
     }
+    if constexpr (kSplit) cp_async_wait<0>();  // no copy of this item lands in the next item's buffers
 
     // ---- partials of the rows with keys in this segment
 #pragma unroll
@@ -419,18 +516,27 @@ __global__ void attention_segment_merge_kernel(const SegArgs a) {
   *out = make_float4(__fmul_rn(o.x, inv), __fmul_rn(o.y, inv), __fmul_rn(o.z, inv), __fmul_rn(o.w, inv));
 }
 
+// The segment kernel's variant forced by set_attention_segment_variant() (tests), else by
+// DFLASH_CUDA_ATTN_VARIANT=0/1 (measurements); -1: launch_attention_segments' rule. The bits are the same.
+int g_variant_override = -1;
+int attn_variant_forced() {
+  static const int v = std::clamp(env_int("DFLASH_CUDA_ATTN_VARIANT", -1), -1, 1);
+  return g_variant_override >= 0 ? g_variant_override : v;
+}
+
 // CTAs per SM of the segment kernel with CPS chunks per slice (its shared memory decides), once.
-template <int CPS>
+template <int CPS, int kVar>
 int segment_ctas_per_sm() {
+  using L = SegLayout<CPS, kVar>;
   static const int n = [] {
-    if (cudaFuncSetAttribute(attention_segment_kernel<CPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(SegSmem<CPS>::kBytes)) != cudaSuccess) {
+    if (cudaFuncSetAttribute(attention_segment_kernel<CPS, kVar>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(L::kBytes)) != cudaSuccess) {
       (void)cudaGetLastError();
       return 0;
     }
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_segment_kernel<CPS>, kSegThreads,
-                                                      SegSmem<CPS>::kBytes) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_segment_kernel<CPS, kVar>, kSegThreads,
+                                                      L::kBytes) != cudaSuccess) {
       (void)cudaGetLastError();
       return 0;
     }
@@ -440,17 +546,20 @@ int segment_ctas_per_sm() {
 }
 
 // One launch of at most kSegMaxM rows: the segment kernel (at most `ctas` CTAs), then the merge.
-template <int CPS>
+template <int CPS, int kVar>
 void launch_segments_cps(const SegArgs& a, int64_t n_kv_heads, int ctas, cudaStream_t s) {
   const int64_t items = (a.M + a.rows - 1) / a.rows * kSegs * n_kv_heads * a.hchunks;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(items, ctas));
-  launch_pdl(attention_segment_kernel<CPS>, dim3(grid), dim3(kSegThreads), SegSmem<CPS>::kBytes, s, a);
+  launch_pdl(attention_segment_kernel<CPS, kVar>, dim3(grid), dim3(kSegThreads), SegLayout<CPS, kVar>::kBytes, s, a);
   const unsigned mt = static_cast<unsigned>((a.d4 + 31) / 32 * 32);
   launch_pdl(attention_segment_merge_kernel, dim3(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.M)),
              dim3(mt), 0, s, a);
 }
 
 }  // namespace
+
+// Declared in cuda_backend.h (C++20, not for nvcc).
+void set_attention_segment_variant(int v) { g_variant_override = v >= 0 && v <= 1 ? v : -1; }
 
 size_t attention_segments_scratch_floats(int64_t M, int64_t n_heads, int64_t head_dim) {
   return static_cast<size_t>(std::min<int64_t>(M, kSegMaxM)) * n_heads * kSegs * (head_dim + 2);
@@ -499,10 +608,21 @@ bool launch_attention_segments(const float* q, const float* k, const float* v, c
   using Launch = void (*)(const SegArgs&, int64_t, int, cudaStream_t);
   Launch launch = nullptr;
   int per_sm = 0;
-  if (cps <= 1) launch = launch_segments_cps<1>, per_sm = segment_ctas_per_sm<1>();
-  else if (cps <= 2) launch = launch_segments_cps<2>, per_sm = segment_ctas_per_sm<2>();
-  else if (cps <= 4) launch = launch_segments_cps<4>, per_sm = segment_ctas_per_sm<4>();
-  else launch = launch_segments_cps<8>, per_sm = segment_ctas_per_sm<8>();
+  const auto pick = [&](auto var_c) {
+    constexpr int kVar = decltype(var_c)::value;
+    if (cps <= 1) launch = launch_segments_cps<1, kVar>, per_sm = segment_ctas_per_sm<1, kVar>();
+    else if (cps <= 2) launch = launch_segments_cps<2, kVar>, per_sm = segment_ctas_per_sm<2, kVar>();
+    else if (cps <= 4) launch = launch_segments_cps<4, kVar>, per_sm = segment_ctas_per_sm<4, kVar>();
+    else launch = launch_segments_cps<8, kVar>, per_sm = segment_ctas_per_sm<8, kVar>();
+  };
+  // lane scores where the scores of an item keep all 8 warps busy and the single buffers double the CTAs
+  // per SM (head dims above 128; SegVariant's measurements)
+  const int forced = attn_variant_forced();
+  const int variant = forced >= 0 ? forced : (cps == 8 && a.rows * a.hc >= 16 ? 1 : 0);
+  if (variant == 1)
+    pick(std::integral_constant<int, 1>{});
+  else
+    pick(std::integral_constant<int, 0>{});
   const int ctas = per_sm * current_sm_count();
   if (ctas < 1) return false;
   // At most kSegMaxM rows per launch (the range table); the launches share the scratch in stream order.

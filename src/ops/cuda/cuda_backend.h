@@ -51,6 +51,11 @@ constexpr int64_t kMatmulPrefillMinRows = 32;
 // same input, or a fused matmul-input chain), so they skipped their quantize launch.
 int64_t quantizations_reused(Backend& be);
 
+// The decode / verify attention's segment kernel variant (attention_segments.cu: 0 slice-parallel scores,
+// 1 lane scores with single K / V buffers; both give the same bits): v = 0 or 1 makes later attention
+// calls take it, -1 restores the default (DFLASH_CUDA_ATTN_VARIANT, else a rule of the shape). For tests.
+void set_attention_segment_variant(int v);
+
 // Event timing on the backend's stream: returns the median milliseconds of `iters` runs of fn()
 // (after `warmup` runs), each run bracketed by events.
 double time_ms(Backend& be, int warmup, int iters, const std::function<void()>& fn);
