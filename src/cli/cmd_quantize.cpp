@@ -13,15 +13,13 @@
 
 #include <algorithm>
 #include <cstring>
-#include <exception>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "cli/commands.h"
 #include "gguf/gguf.h"
 #include "util/error.h"
+#include "util/parallel.h"
 
 namespace dflash::cli {
 namespace {
@@ -48,33 +46,6 @@ bool ends_with(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-// Runs fn(row) for rows [row0, row0 + n) on up to n_threads threads; rethrows the first exception.
-template <typename F>
-void parallel_rows(int64_t row0, int64_t n, int n_threads, F&& fn) {
-  const int64_t t = std::max<int64_t>(1, std::min<int64_t>(n_threads, n));
-  if (t == 1) {
-    for (int64_t r = row0; r < row0 + n; ++r) fn(r);
-    return;
-  }
-  std::exception_ptr err;
-  std::mutex mu;
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<size_t>(t));
-  for (int64_t i = 0; i < t; ++i) {
-    const int64_t a = row0 + n * i / t, b = row0 + n * (i + 1) / t;
-    threads.emplace_back([&, a, b] {
-      try {
-        for (int64_t r = a; r < b; ++r) fn(r);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!err) err = std::current_exception();
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  if (err) std::rethrow_exception(err);
-}
-
 struct Opts {
   std::string in, out, type;
   int threads = 0;
@@ -86,7 +57,7 @@ void run_quantize(const Opts& o) {
   if (!target || !type_traits(*target).has_codec)
     fail("unknown quantization type '{}': expected one of {}", o.type, codec_type_names());
   const TypeTraits& to = type_traits(*target);
-  const int n_threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int n_threads = o.threads > 0 ? o.threads : hardware_threads();
 
   auto in = std::make_shared<gguf::File>(gguf::File::open(o.in));
   gguf::Writer w(3, in->alignment());
@@ -118,11 +89,12 @@ void run_quantize(const Opts& o) {
       const GgmlType from_type = t.type, to_type = to.type;
       w.add_tensor_rows(t.name, to.type, ne,
                         [=](int64_t r0, int64_t n, uint8_t* dst) {
-                          parallel_rows(r0, n, n_threads, [&](int64_t r) {
-                            thread_local std::vector<float> buf;
-                            buf.resize(static_cast<size_t>(ne0));
-                            dequantize_row(from_type, src + static_cast<size_t>(r) * src_row, buf.data(), ne0);
-                            quantize_row(to_type, buf.data(), dst + static_cast<size_t>(r - r0) * dst_row, ne0);
+                          parallel_ranges(r0, r0 + n, n_threads, 1, [&](int64_t a, int64_t b) {
+                            std::vector<float> buf(static_cast<size_t>(ne0));
+                            for (int64_t r = a; r < b; ++r) {
+                              dequantize_row(from_type, src + static_cast<size_t>(r) * src_row, buf.data(), ne0);
+                              quantize_row(to_type, buf.data(), dst + static_cast<size_t>(r - r0) * dst_row, ne0);
+                            }
                           });
                         });
     }

@@ -2,17 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <set>
-#include <thread>
 #include <unordered_map>
 
 #include "gguf/gguf.h"
@@ -20,6 +17,7 @@
 #include "models/safetensors.h"
 #include "prism/hadamard.h"
 #include "util/error.h"
+#include "util/parallel.h"
 
 namespace dflash {
 namespace {
@@ -218,32 +216,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
-}
-
-// Runs fn(row) for rows [row0, row0 + n) on up to n_threads threads; rethrows the first exception.
-template <typename F>
-void parallel_rows(int64_t row0, int64_t n, int n_threads, F&& fn) {
-  const int64_t t = std::max<int64_t>(1, std::min<int64_t>(n_threads, n / 4 + 1));
-  if (t == 1) {
-    for (int64_t r = row0; r < row0 + n; ++r) fn(r);
-    return;
-  }
-  std::exception_ptr err;
-  std::mutex mu;
-  std::vector<std::thread> threads;
-  for (int64_t i = 0; i < t; ++i) {
-    const int64_t a = row0 + n * i / t, b = row0 + n * (i + 1) / t;
-    threads.emplace_back([&, a, b] {
-      try {
-        for (int64_t r = a; r < b; ++r) fn(r);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!err) err = std::current_exception();
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  if (err) std::rethrow_exception(err);
 }
 
 // Produces one output row (f32) of a plan into `row`, using `tmp` as scratch.
@@ -489,7 +461,7 @@ ConvertReport convert_hf_to_gguf(const std::string& dir, const std::string& out_
   const hf::Checkpoint ck = hf::Checkpoint::open(dir);
   const TypeTraits& tt = type_traits(opts.type);
   DFLASH_CHECK(tt.has_codec, "convert: type {} cannot be written (no quantizer)", tt.name);
-  const int n_threads = opts.threads > 0 ? opts.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int n_threads = opts.threads > 0 ? opts.threads : hardware_threads();
 
   // Checkpoint key prefix: Qwen3_5ForConditionalGeneration nests the text model.
   std::string pre;
@@ -731,10 +703,12 @@ ConvertReport convert_hf_to_gguf(const std::string& dir, const std::string& out_
       const Plan& P = *pp;
       if (r0 == 0 && opts.log)
         opts.log(fmt::format("[{}/{}] {} {} {}", ++*counter, n_plans, P.name, type_name(P.type), shape_str(P.ne)));
-      parallel_rows(r0, n, n_threads, [&](int64_t r) {
-        thread_local std::vector<float> row, tmp;
-        make_row(*ckp, P, r, row, tmp);
-        quantize_row(P.type, row.data(), dst + static_cast<size_t>(r - r0) * rb, P.ne[0]);
+      parallel_ranges(r0, r0 + n, n_threads, 4, [&](int64_t a, int64_t b) {
+        std::vector<float> row, tmp;
+        for (int64_t r = a; r < b; ++r) {
+          make_row(*ckp, P, r, row, tmp);
+          quantize_row(P.type, row.data(), dst + static_cast<size_t>(r - r0) * rb, P.ne[0]);
+        }
       });
     });
   }

@@ -1,18 +1,16 @@
 #include "models/convert_dflash.h"
 
 #include <algorithm>
-#include <exception>
 #include <filesystem>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <thread>
 
 #include "gguf/gguf.h"
 #include "models/drafter_metadata.h"
 #include "models/hf_config.h"
 #include "models/safetensors.h"
 #include "util/error.h"
+#include "util/parallel.h"
 
 namespace dflash {
 namespace {
@@ -161,8 +159,7 @@ ConvertReport convert_dflash_to_gguf(const std::string& dir, const std::string& 
   const hf::Checkpoint ck = hf::Checkpoint::open(dir);
   const TypeTraits& tt = type_traits(opts.type);
   DFLASH_CHECK(tt.has_codec, "convert: type {} cannot be written (no quantizer)", tt.name);
-  const int n_threads =
-      opts.threads > 0 ? opts.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int n_threads = opts.threads > 0 ? opts.threads : hardware_threads();
   const int64_t E = c.n_embd, hd = c.head_dim, n_taps = static_cast<int64_t>(c.target_layers.size());
 
   // Some exports nest the drafter under "model."; z-lab's do not.
@@ -258,26 +255,13 @@ ConvertReport convert_dflash_to_gguf(const std::string& dir, const std::string& 
     const int64_t n = pl.ne[0];
     rep.data_bytes += rb * (pl.src->n_elements() / n);
     w.add_tensor_rows(pl.name, pl.type, pl.ne, [&ck, pl, rb, n, n_threads](int64_t row0, int64_t n_rows, uint8_t* dst) {
-      const int64_t t = std::max<int64_t>(1, std::min<int64_t>(n_threads, n_rows / 4 + 1));
-      std::exception_ptr err;
-      std::mutex mu;
-      auto work = [&](int64_t a, int64_t b) {
-        try {
-          std::vector<float> row(n);
-          for (int64_t r = a; r < b; ++r) {
-            ck.read(*pl.src, r * n, n, row.data());
-            quantize_row(pl.type, row.data(), dst + (r - row0) * rb, n);
-          }
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(mu);
-          if (!err) err = std::current_exception();
+      parallel_ranges(row0, row0 + n_rows, n_threads, 4, [&](int64_t a, int64_t b) {
+        std::vector<float> row(n);
+        for (int64_t r = a; r < b; ++r) {
+          ck.read(*pl.src, r * n, n, row.data());
+          quantize_row(pl.type, row.data(), dst + (r - row0) * rb, n);
         }
-      };
-      std::vector<std::thread> threads;
-      for (int64_t i = 1; i < t; ++i) threads.emplace_back(work, row0 + n_rows * i / t, row0 + n_rows * (i + 1) / t);
-      work(row0, row0 + n_rows / t);
-      for (auto& th : threads) th.join();
-      if (err) std::rethrow_exception(err);
+      });
     });
     log(fmt::format("{} {} {}", pl.name, type_name(pl.type), shape_str(pl.ne)));
   }

@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <thread>
 #include <vector>
 
 #include "gguf/gguf.h"
 #include "util/error.h"
+#include "util/parallel.h"
 
 namespace dflash {
 namespace {
@@ -117,19 +117,13 @@ void SynthTensorWriter::add(const std::string& name, GgmlType type, const std::v
   shared_->total += rb * static_cast<uint64_t>(rows);
   writer_.add_tensor_rows(name, type, ne, [type, n, rb, fill_row = std::move(fill_row), shared = shared_](
                                               int64_t row0, int64_t n_rows, uint8_t* dst) {
-    const unsigned n_threads = static_cast<unsigned>(
-        std::clamp<int64_t>(n_rows / 4, 1, std::min(16u, std::max(1u, std::thread::hardware_concurrency()))));
-    auto work = [&](unsigned tid) {
+    parallel_ranges(row0, row0 + n_rows, std::min(16, hardware_threads()), 4, [&](int64_t a, int64_t b) {
       std::vector<float> row(n);
-      for (int64_t r = row0 + tid; r < row0 + n_rows; r += n_threads) {
+      for (int64_t r = a; r < b; ++r) {
         fill_row(r, row.data());
         quantize_row(type, row.data(), dst + (r - row0) * rb, n);
       }
-    };
-    std::vector<std::thread> pool;
-    for (unsigned i = 1; i < n_threads; ++i) pool.emplace_back(work, i);
-    work(0);
-    for (auto& th : pool) th.join();
+    });
     const uint64_t d = shared->done.fetch_add(rb * n_rows) + rb * n_rows;
     if (shared->progress) shared->progress(d, shared->total);
   });
