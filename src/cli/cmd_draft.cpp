@@ -12,12 +12,12 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli/commands.h"
 #include "gguf/gguf.h"
 #include "models/dflash_drafter.h"
 #include "models/target.h"
+#include "text/token_ids.h"
 #include "util/error.h"
 
 namespace dflash::cli {
@@ -30,23 +30,6 @@ struct DraftArgs {
   std::string context = "reference";
 };
 
-std::vector<int32_t> parse_ids(const std::string& s) {
-  std::vector<int32_t> ids;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    long long v = -1;
-    try {
-      v = std::stoll(item);
-    } catch (const std::exception&) {
-      fail("--tokens: '{}' is not a token id", item);
-    }
-    DFLASH_CHECK(v >= 0 && v <= INT32_MAX, "--tokens: {} is not a valid token id", v);
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  DFLASH_CHECK(!ids.empty(), "--tokens: no token ids given");
-  return ids;
-}
 
 void draft(const DraftArgs& a) {
   const gguf::File tf = gguf::File::open(a.model), df = gguf::File::open(a.drafter);
@@ -65,7 +48,8 @@ void draft(const DraftArgs& a) {
   auto drafter = DFlashDrafter::load(df, *target, dopts);
   drafter->set_keep_trace(true);
 
-  const std::vector<int32_t> prompt = parse_ids(a.tokens);
+  const std::vector<int32_t> prompt = parse_token_ids(a.tokens, "--tokens");
+  DFLASH_CHECK(!prompt.empty(), "--tokens: no token ids given");
   std::vector<float> taps;
   const int32_t anchor = prefill(*target, prompt, &taps);
   drafter->append_context(taps, static_cast<int64_t>(prompt.size()));

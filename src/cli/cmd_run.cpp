@@ -34,6 +34,7 @@
 #include "models/target.h"
 #include "spec/engine.h"
 #include "text/chat.h"
+#include "text/token_ids.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
 
@@ -64,27 +65,6 @@ struct RunArgs {
   SamplingParams sampling;  // --temp > 0: sampled decoding (speculative sampling with a drafter)
   std::optional<uint64_t> seed;  // --seed; without it a fresh one each run
 };
-
-std::vector<int32_t> parse_ids(const std::string& s) {
-  std::vector<int32_t> ids;
-  std::string item;
-  std::stringstream ss(s);
-  while (std::getline(ss, item, ',')) {
-    const size_t b = item.find_first_not_of(" \t");
-    if (b == std::string::npos) continue;
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(item.substr(b), &used);
-    } catch (const std::exception&) {
-      fail("--tokens: '{}' is not a token id", item);
-    }
-    DFLASH_CHECK(v >= 0 && v <= INT32_MAX, "--tokens: {} is not a valid token id", v);
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  DFLASH_CHECK(!ids.empty(), "--tokens: no token ids given");
-  return ids;
-}
 
 std::string read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -261,7 +241,8 @@ void run(RunArgs a) {
   std::vector<int32_t> prompt;
   const bool text_prompt = a.tokens.empty();
   if (!text_prompt) {
-    prompt = parse_ids(a.tokens);
+    prompt = parse_token_ids(a.tokens, "--tokens");
+    DFLASH_CHECK(!prompt.empty(), "--tokens: no token ids given");
   } else {
     DFLASH_CHECK(tok.has_value(), "{}: the model has no tokenizer; give the prompt as --tokens ids", model_path);
     std::string text = a.prompt_file.empty() ? a.prompt : read_text_file(a.prompt_file);

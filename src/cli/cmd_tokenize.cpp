@@ -19,6 +19,7 @@
 
 #include "cli/commands.h"
 #include "gguf/gguf.h"
+#include "text/token_ids.h"
 #include "text/tokenizer.h"
 #include "text/unicode.h"
 #include "util/error.h"
@@ -155,28 +156,6 @@ void run_tokenize(const TokenizeArgs& a) {
   }
 }
 
-// Token ids from arguments: "1 2 3", "1,2,3" and "[1, 2, 3]" all work.
-std::vector<int32_t> parse_ids(const std::vector<std::string>& args) {
-  std::vector<int32_t> ids;
-  for (const std::string& arg : args) {
-    size_t i = 0;
-    while (i < arg.size()) {
-      const char c = arg[i];
-      if (c == ',' || c == '[' || c == ']' || c == ' ' || c == '\t' || c == '\n') {
-        ++i;
-        continue;
-      }
-      size_t j = i;
-      while (j < arg.size() && arg[j] >= '0' && arg[j] <= '9') ++j;
-      DFLASH_CHECK(j > i && j - i <= 10, "detokenize: '{}' is not a token id", arg);
-      const long long v = std::stoll(arg.substr(i, j - i));
-      DFLASH_CHECK(v <= INT32_MAX, "detokenize: token id {} is too large", v);
-      ids.push_back(static_cast<int32_t>(v));
-      i = j;
-    }
-  }
-  return ids;
-}
 
 }  // namespace
 
@@ -206,7 +185,7 @@ void register_tokenize(CLI::App& app) {
   d->add_flag("--no-special", *no_special, "Leave out control tokens");
   d->callback([model, ids, no_special] {
     const Tokenizer tok = load_tokenizer(*model);
-    write_stdout(tok.decode(parse_ids(*ids), !*no_special));
+    write_stdout(tok.decode(parse_token_ids(fmt::format("{}", fmt::join(*ids, " ")), "detokenize"), !*no_special));
     write_stdout("\n");
   });
 }
