@@ -33,7 +33,8 @@
 // read once for all its queries (GQA). Per tile: scores (variant 0: warp = slice, lane = key, the slice
 // partials through shared memory; variant 1: warp = query, lane = key), softmax (warp per query, lane =
 // key), P . V (thread = float4 chunk of the head dim x a group of 1, 2, 4, 6 or 8 queries, accumulators
-// in registers across the segment's tiles). SegVariant below: the two variants and when each runs.
+// in registers across the segment's tiles). Above attention_segment_kernel: the two variants and when
+// each runs.
 #include <algorithm>
 #include <type_traits>
 
@@ -85,10 +86,11 @@ __device__ __forceinline__ int segment_count(int lo, int hi) {
   return (t_hi - t_lo + spt - 1) / spt;
 }
 
-// Shared-memory layout (floats) for CPS float4 chunks per slice; kSlices: the slice-partials buffer
-// of the slice-parallel scores (kLaneScores = false), empty otherwise.
-template <int CPS, bool kSlices = true, int kStages = 2>
+// Shared-memory layout (floats) for CPS float4 chunks per slice. kLane (variant 1): one K / V stage and
+// no slice partials; otherwise two stages and the slice-partials buffer of the slice-parallel scores.
+template <int CPS, bool kLane>
 struct SegSmem {
+  static constexpr int kStages = kLane ? 1 : 2;
   static constexpr int kDp = 32 * CPS;      // padded head dim (8 slices x CPS chunks x 4)
   static constexpr int kKst = kDp + 4;      // K rows: lane = key, 16-byte reads spread over the banks
   static constexpr int kVst = kDp;          // V rows: lanes read consecutive chunks
@@ -97,11 +99,10 @@ struct SegSmem {
   static constexpr int kV = kK + kStages * kSegTile * kKst;      // [kStages][kSegTile][kVst]
   static constexpr int kSp = kV + kStages * kSegTile * kVst;     // slice partials [kSegMaxQ][8][33]
   static constexpr int kPst = kSegMaxQ + 4;                      // p rows: float4s of a query group's p
-  static constexpr int kP = kSp + (kSlices ? kSegMaxQ * 8 * 33 : 0);  // p [kSegTile][kPst]
+  static constexpr int kP = kSp + (kLane ? 0 : kSegMaxQ * 8 * 33);  // p [kSegTile][kPst]
   static constexpr int kCorr = kP + kSegTile * kPst;             // corr [kSegMaxQ]
   static constexpr int kInts = kCorr + kSegMaxQ;                 // ints: ja, jb, upd [kSegMaxQ]; ranges [2 kSegMaxM]
   static constexpr int kFloats = kInts + 3 * kSegMaxQ + 2 * kSegMaxM;
-  static constexpr int kStagesK = kStages;
   static constexpr size_t kBytes = sizeof(float) * kFloats;
 };
 
@@ -124,19 +125,12 @@ struct SegSmem {
 // of one query is load-bound); the drafter's block (head dim 128, already two CTAs per SM with
 // variant 0) 50.0 / 60.5 at 4096. launch_attention_segments picks 1 for head dims above 128 with at
 // least 16 queries per item, 0 otherwise (DFLASH_CUDA_ATTN_VARIANT=0/1 forces one).
-template <int kVariant>
-struct SegVariant {
-  static constexpr bool kLaneScores = kVariant == 1;
-  static constexpr bool kSplit = kVariant == 1;
-  static constexpr int kStages = kSplit ? 1 : 2;
-  static constexpr int kMinCtas = kSplit ? 2 : 1;
-};
 template <int CPS, int kVariant>
-using SegLayout = SegSmem<CPS, !SegVariant<kVariant>::kLaneScores, SegVariant<kVariant>::kStages>;
+using SegLayout = SegSmem<CPS, kVariant == 1>;
 
 template <int CPS, int kVariant>
-__global__ void __launch_bounds__(kSegThreads, SegVariant<kVariant>::kMinCtas) attention_segment_kernel(const SegArgs a) {
-  constexpr bool kLaneScores = SegVariant<kVariant>::kLaneScores, kSplit = SegVariant<kVariant>::kSplit;
+__global__ void __launch_bounds__(kSegThreads, kVariant == 1 ? 2 : 1) attention_segment_kernel(const SegArgs a) {
+  constexpr bool kLane = kVariant == 1;  // lane scores, single K / V buffers
   using L = SegLayout<CPS, kVariant>;
   // P.V queries per thread at most: ceil(kSegMaxQ / (kSegThreads / d4)) with d4 <= 8 CPS chunks
   constexpr int kMaxQg = CPS >= 8 ? 8 : 4;
@@ -153,9 +147,9 @@ __global__ void __launch_bounds__(kSegThreads, SegVariant<kVariant>::kMinCtas) a
   int* rng = upd_s + kSegMaxQ;  // [M][2]: the rows' ranges
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // The K pad columns of both stages (never written by the tile copies) are zero for the whole kernel.
+  // The K pad columns of every stage (never written by the tile copies) are zero for the whole kernel.
   if (a.d4 < L::kDp / 4)
-    for (int i = tid; i < L::kStagesK * kSegTile * (L::kDp / 4 - a.d4); i += kSegThreads) {
+    for (int i = tid; i < L::kStages * kSegTile * (L::kDp / 4 - a.d4); i += kSegThreads) {
       const int pad = L::kDp / 4 - a.d4, key = i / pad, c = a.d4 + i % pad;
       *reinterpret_cast<float4*>(ks + key * L::kKst + 4 * c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
@@ -226,12 +220,12 @@ __global__ void __launch_bounds__(kSegThreads, SegVariant<kVariant>::kMinCtas) a
     float m_run[kSoftQ], l_run[kSoftQ];
 #pragma unroll
     for (int i = 0; i < kSoftQ; ++i) m_run[i] = -INFINITY, l_run[i] = 0.0f;
-    // P.V: chunk pv_c of the query group pv_g (queries qg pv_g .. qg pv_g + qg - 1): groups of 1, 2, 4 or
-    // 8 queries, the smallest that fits the CTA (fewer queries per thread: more threads; more: fewer V reads)
+    // P.V: chunk pv_c of the query group pv_g (queries qg pv_g .. qg pv_g + qg - 1): groups of 1, 2, 4,
+    // (variant 1) 6 or 8 queries, the smallest that fits the CTA (fewer queries per thread: more threads; more: fewer V reads)
     const int qg = a.d4 * nq <= kSegThreads                                    ? 1
                    : a.d4 * ((nq + 1) / 2) <= kSegThreads                     ? 2
                    : a.d4 * ((nq + 3) / 4) <= kSegThreads                     ? 4
-                   : kLaneScores && kMaxQg == 8 && a.d4 * ((nq + 5) / 6) <= kSegThreads ? 6
+                   : kLane && kMaxQg == 8 && a.d4 * ((nq + 5) / 6) <= kSegThreads ? 6
                                                                               : 8;
     const int pv_c = tid % a.d4, pv_g = tid / a.d4;
     const bool pv_on = pv_g < (nq + qg - 1) / qg;
@@ -239,7 +233,7 @@ __global__ void __launch_bounds__(kSegThreads, SegVariant<kVariant>::kMinCtas) a
 #pragma unroll
     for (int i = 0; i < kMaxQg; ++i) acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
-    if constexpr (kSplit) {  // groups: K(ta) (with the queries), V(ta), then per tile K(t + 1), V(t + 1)
+    if constexpr (kLane) {  // groups: K(ta) (with the queries), V(ta), then per tile K(t + 1), V(t + 1)
       load_tile(ta, 0, 1);
       cp_async_commit();
       load_tile(ta, 0, 2);
@@ -249,17 +243,17 @@ __global__ void __launch_bounds__(kSegThreads, SegVariant<kVariant>::kMinCtas) a
       cp_async_commit();
     }
     for (int t = ta; t < tb; ++t) {
-      const int st = kSplit ? 0 : (t - ta) & 1;
-      if constexpr (!kSplit) {
+      const int st = kLane ? 0 : (t - ta) & 1;
+      if constexpr (!kLane) {
         if (t + 1 < tb) load_tile(t + 1, st ^ 1);
         cp_async_commit();
       }
-      cp_async_wait<1>();  // kSplit: K(t) has landed (V(t) may not have)
+      cp_async_wait<1>();  // kLane: K(t) has landed (V(t) may not have)
       __syncthreads();
 
-      // ---- scores (slice-parallel): warp = slice, lane = key; the slice partials of every query, two at a time
-      float lane_s[kSoftQ];  // kLaneScores: this lane's key's score of the warp's queries (unscaled)
-      if constexpr (kLaneScores) {
+      // ---- scores
+      float lane_s[kSoftQ];  // variant 1: this lane's key's score of the warp's queries (unscaled)
+      if constexpr (kLane) {
         // warp per query (warp, warp + 8, ...), lane = key: slice w's four chains over its CPS chunks,
         // (a0 + a1) + (a2 + a3), the slices added left to right, as the slice-parallel scores do
         const float* kr = ks + (st * kSegTile + lane) * L::kKst;
@@ -290,7 +284,7 @@ __global__ void __launch_bounds__(kSegThreads, SegVariant<kVariant>::kMinCtas) a
             lane_s[qi] = w == 0 ? part : __fadd_rn(lane_s[qi], part);
           }
         }
-      } else {
+      } else {  // warp = slice, lane = key; the slice partials of every query, two at a time
         const float* kr = ks + (st * kSegTile + lane) * L::kKst + warp * CPS * 4;
         float4 kk[CPS];
 #pragma unroll
@@ -329,7 +323,7 @@ __global__ void __launch_bounds__(kSegThreads, SegVariant<kVariant>::kMinCtas) a
         const int key = t * kSegTile + lane;
         const bool valid = key >= ka && key < kb;
         float s;
-        if constexpr (kLaneScores) {
+        if constexpr (kLane) {
           s = lane_s[qi];
         } else {
           s = sp[(q * 8) * 33 + lane];
@@ -356,7 +350,7 @@ __global__ void __launch_bounds__(kSegThreads, SegVariant<kVariant>::kMinCtas) a
           jb_s[q] = min(kb - t * kSegTile, kSegTile);
         }
       }
-      if constexpr (kSplit) {
+      if constexpr (kLane) {
         __syncthreads();  // every warp is done with K(t): its buffer takes K(t + 1)
         if (t + 1 < tb) load_tile(t + 1, 0, 1);
         cp_async_commit();
@@ -436,19 +430,19 @@ __global__ void __launch_bounds__(kSegThreads, SegVariant<kVariant>::kMinCtas) a
         else if (kMaxQg == 4 || qg == 4)
           pv_tile(std::integral_constant<int, 4>{});
         else if constexpr (kMaxQg == 8) {
-          if (kLaneScores && qg == 6)
+          if (kLane && qg == 6)
             pv_tile(std::integral_constant<int, 6>{});
           else
             pv_tile(std::integral_constant<int, 8>{});
         }
       }
       __syncthreads();  // the next tile's (or item's) copies overwrite what was read here
-      if constexpr (kSplit) {
+      if constexpr (kLane) {
         if (t + 1 < tb) load_tile(t + 1, 0, 2);
         cp_async_commit();
       }
     }
-    if constexpr (kSplit) cp_async_wait<0>();  // no copy of this item lands in the next item's buffers
+    if constexpr (kLane) cp_async_wait<0>();  // no copy of this item lands in the next item's buffers
 
     // ---- partials of the rows with keys in this segment
 #pragma unroll
@@ -616,7 +610,7 @@ bool launch_attention_segments(const float* q, const float* k, const float* v, c
     else launch = launch_segments_cps<8, kVar>, per_sm = segment_ctas_per_sm<8, kVar>();
   };
   // lane scores where the scores of an item keep all 8 warps busy and the single buffers double the CTAs
-  // per SM (head dims above 128; SegVariant's measurements)
+  // per SM (head dims above 128; the measurements above attention_segment_kernel)
   const int forced = attn_variant_forced();
   const int variant = forced >= 0 ? forced : (cps == 8 && a.rows * a.hc >= 16 ? 1 : 0);
   if (variant == 1)
