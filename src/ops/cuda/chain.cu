@@ -48,7 +48,7 @@ struct ChainArgs {
   const float* signs;  // null or [dim]
   float* y;            // the rotated row [rows, dim]; without rotation: swiglu's output, null for norm
   bool rotate;         // false: no rotation, the records quantize the norm / swiglu output itself
-  uint8_t* xq;         // [rows][dim / 128] records of 384 bytes, then meta [rows][dim / 128][4]
+  uint8_t* xq;         // [dim / 128][rows] records of 384 bytes, then meta [dim / 128][rows][4] (xq_record.cuh)
   int32_t* meta;
   int64_t dim;
   float eps;
@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
   float e4[4] = {__fmul_rn(v[0], sc), __fmul_rn(v[1], sc), __fmul_rn(v[2], sc), __fmul_rn(v[3], sc)};
   if (a.y) st4(a.y + base + i0, e4);
   if (a.xq) {  // prefill leaves them out: the next matmul is the bf16 tensor-core GEMM, which reads y itself
-    const int64_t blk = r * (a.dim / 128) + c0 / 128 + warp;
+    const int64_t blk = xq_record_index(r, c0 / 128 + warp, gridDim.y);
     warp_quantize_x24(e4, lane, a.xq + blk * kXqRecordBytes, a.meta + blk * 4);
   }
   if constexpr (kMode == 0) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");

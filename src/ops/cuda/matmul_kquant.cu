@@ -147,7 +147,8 @@ struct Q4kFmt {
     const int32_t* meta = reinterpret_cast<const int32_t*>(xs + mc * kXqBytes);
     uint32_t bq[NT][8];
     float sx[2];
-    load_acts<R>(xs, meta, lc, bq, sx);
+    int su[2];  // unused: the K-quant sums need no code offset
+    load_acts<R>(xs, meta, lc, bq, sx, su);
     constexpr int kZero[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int i = 0; i < kTilesPerCta; ++i) {
@@ -212,7 +213,8 @@ struct Q6kFmt {
     const int32_t* meta = reinterpret_cast<const int32_t*>(xs + mc * kXqBytes);
     uint32_t bq[NT][8];
     float sx[2];
-    load_acts<R>(xs, meta, lc, bq, sx);
+    int su[2];  // unused: the K-quant sums need no code offset
+    load_acts<R>(xs, meta, lc, bq, sx, su);
     const int swap = (g & 1) * 64;  // rows g and g + 8 have the same parity
 #pragma unroll
     for (int i = 0; i < kTilesPerCta; ++i) {

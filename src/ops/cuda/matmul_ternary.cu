@@ -11,9 +11,13 @@
 //
 // Exactness. Activations are 24-bit block floating point per (row, block of 128), split into three
 // signed bytes u = 65536 u0 + 256 u1 + u2 (mma_gemv.cuh). With the weight codes c in {0,1,2}
-// as unsigned bytes, mma.s32.u8.s8 gives sum c * u_i exactly in int32, the accumulator starts at
-// -S_i = -sum u_i (so it ends at sum (c - 1) u_i), and v = (D0 * 256 + D1) * 256 + D2 is the exact
-// integer sum (c - 1) u (|v| < 2^31). Per block: acc = fma(d * 2^(E-16), float(v), acc). Integer
+// as unsigned bytes, mma.s32.u8.s8 gives D_i = sum c * u_i exactly in int32, and v = (D0 * 256 + D1)
+// * 256 + D2 - S, S = sum u the record's digit sum, is the integer sum (c - 1) u = sum w u (|v| < 2^31;
+// computed modulo 2^32, where the intermediate sum c u may wrap, so it is exact). Where S is
+// subtracted is scheduling only: at one activation row the plane-2 accumulator starts at -S (the lane
+// that holds that column needs no extra instruction); at more rows the accumulators start at zero and
+// S comes off after the plane combination (a -S start per column had cost register-quad copies for
+// every tile's mma: S13-1). Per block: acc = fma(d * 2^(E-16), float(v), acc). Integer
 // sums do not depend on order, so the only roundings are the quantization, float(v) and the block
 // fmas, in a fixed order: nothing depends on M, the number of activation rows (tested bit for bit).
 //
@@ -114,18 +118,15 @@ struct TernaryFmt {
                                                        const LaneCols<R>& lc, float (&acc)[kTilesPerCta][4]) {
     constexpr int NT = ColMap<R>::kNt;
     const uint8_t* xs = stage_acts<TernaryFmt>(stage);
-    const int32_t* meta = reinterpret_cast<const int32_t*>(xs + mc * kXqBytes);  // [mc][S0, S1, S2, 2^(E-16)]
+    const int32_t* meta = reinterpret_cast<const int32_t*>(xs + mc * kXqBytes);  // [mc][S, 2^(E-16), 0, 0]
     uint32_t bq[NT][8];
     float sx[2];
-    load_acts<R>(xs, meta, lc, bq, sx);
-    int cinit[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int mi = lc.d_meta[nt][h];
-        cinit[nt][h] = cinit[nt][h + 2] = mi >= 0 ? -meta[mi] : 0;
-      }
+    int su[2];
+    load_acts<R>(xs, meta, lc, bq, sx, su);
+    // Accumulator start: zero, or at one row -S in plane 2's column (lane t = 1's registers 0 and 2).
+    int cinit[4] = {0, 0, 0, 0};
+    if constexpr (R == 1)
+      if (t == 1) cinit[0] = cinit[2] = -meta[0];
 #pragma unroll
     for (int i = 0; i < kTilesPerCta; ++i) {
       const uint32_t* cw = reinterpret_cast<const uint32_t*>(stage + i * kCodeBytes);
@@ -142,7 +143,7 @@ struct TernaryFmt {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           if (j == 0)
-            mma_u8s8(d[nt], a0, a1, a2, a3, bq[nt][0], bq[nt][1], cinit[nt]);
+            mma_u8s8(d[nt], a0, a1, a2, a3, bq[nt][0], bq[nt][1], cinit);
           else
             mma_u8s8(d[nt], a0, a1, a2, a3, bq[nt][2 * j], bq[nt][2 * j + 1], d[nt]);
         }
@@ -152,10 +153,12 @@ struct TernaryFmt {
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
         if (!row_col_used<R>(jj)) continue;
-        // The plane sums of the owned column (|D| <= 128 * 128), then v exactly (|v| < 2^31).
+        // The plane sums of the owned column (|D| <= 2 * 128 * 128), then v exactly (|v| < 2^31; the
+        // unsigned arithmetic wraps where sum c u would not fit).
         int D0, D1, D2;
         gather_planes<R>(d, jj, D0, D1, D2);
-        const int v = (D0 * 256 + D1) * 256 + D2;
+        const int v = static_cast<int>((static_cast<uint32_t>(D0) * 256u + static_cast<uint32_t>(D1)) * 256u +
+                                       static_cast<uint32_t>(D2) - static_cast<uint32_t>(R == 1 ? 0 : su[jj & 1]));
         acc[i][jj] = __fmaf_rn(__fmul_rn(jj < 2 ? dg : dg8, sx[jj & 1]), static_cast<float>(v), acc[i][jj]);
       }
     }

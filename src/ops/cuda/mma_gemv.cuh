@@ -9,7 +9,9 @@
 // largest |x| in [32, 64), so |u| < 2^22 and the rounding error is <= 2^-23 of the block's largest |x|
 // (fp32 level). u is split into three signed bytes, u = 65536 u0 + 256 u1 + u2 (the digit planes),
 // stored in mma B-fragment order (lane-quad position t's 8 words: word 2j + h holds the bytes
-// k = 32 j + 16 h + 4 t + e, e = 0..3), with meta (S0, S1, S2, 2^(E-16)): the plane sums and the scale.
+// k = 32 j + 16 h + 4 t + e, e = 0..3), with meta (S, 2^(E-16), 0, 0): the digit sum S = sum u and the
+// scale; records and meta are block-major ([nblk][M], xq_record.cuh), so a CTA's rows of one block are
+// one contiguous run.
 // Integer products of weight codes and digits are exact and order-free; a format's block_compute
 // turns them into floats in a fixed order per (weight row, activation row), so nothing depends on M.
 //
@@ -62,17 +64,17 @@ namespace cg = cooperative_groups;
 constexpr int kTilesPerCta = 4;    // 16-row tiles per CTA (64 weight rows)
 constexpr int kCols = 8;           // activation rows per CTA (the n of the mma)
 constexpr int kXqBytes = kXqRecordBytes;  // one (row, block) of quantized activations: 3 digit planes
-constexpr int kXqMeta = 16;        // and its S0, S1, S2, 2^(E-16)
+constexpr int kXqMeta = 16;        // and its S = sum u, 2^(E-16), 0, 0
 
 // ---- activation quantizer: one CTA of 128 threads per (row, block) ---------------------------------
-// xq: [M][nblk] records of 3 digit planes, each in B-fragment order (lane-quad t's 8 words: word
-// 2j + h holds bytes k = 32 j + 16 h + 4 t + e), then meta [M][nblk] = (S0, S1, S2, float 2^(E-16)).
+// xq: [nblk][M] records of 3 digit planes, each in B-fragment order (lane-quad t's 8 words: word
+// 2j + h holds bytes k = 32 j + 16 h + 4 t + e), then meta [nblk][M] = (S, float 2^(E-16), 0, 0).
 
-__global__ void __launch_bounds__(128) quantize_x24_kernel(const float* __restrict__ x, int64_t K, int nblk,
+__global__ void __launch_bounds__(128) quantize_x24_kernel(const float* __restrict__ x, int64_t K,
                                                            uint8_t* __restrict__ xq, int32_t* __restrict__ meta) {
   pdl_wait(gridDim.y == 1);
   __shared__ float smax[4];
-  __shared__ int ssum[3][4];
+  __shared__ int ssum[4];
   const int k = threadIdx.x, lane = k & 31, warp = k >> 5;
   const int b = blockIdx.x;
   const int64_t m = blockIdx.y;
@@ -87,20 +89,17 @@ __global__ void __launch_bounds__(128) quantize_x24_kernel(const float* __restri
   int d0, d1, d2;
   x24_digits(v, E, d0, d1, d2);
   const int j = k >> 5, h = (k >> 4) & 1, t = (k >> 2) & 3, e = k & 3;
-  uint8_t* rec = xq + (m * nblk + b) * kXqBytes + t * 32 + (2 * j + h) * 4 + e;
+  const int64_t rec_index = xq_record_index(m, b, gridDim.y);
+  uint8_t* rec = xq + rec_index * kXqBytes + t * 32 + (2 * j + h) * 4 + e;
   rec[0] = static_cast<uint8_t>(d0);
   rec[128] = static_cast<uint8_t>(d1);
   rec[256] = static_cast<uint8_t>(d2);
-  const int s0 = __reduce_add_sync(0xffffffffu, d0), s1 = __reduce_add_sync(0xffffffffu, d1),
-            s2 = __reduce_add_sync(0xffffffffu, d2);
-  if (lane == 0) {
-    ssum[0][warp] = s0;
-    ssum[1][warp] = s1;
-    ssum[2][warp] = s2;
-  }
+  const int s = __reduce_add_sync(0xffffffffu, (d0 * 256 + d1) * 256 + d2);  // sum u of the warp's 32
+  if (lane == 0) ssum[warp] = s;
   __syncthreads();
-  if (k < 3) meta[(m * nblk + b) * 4 + k] = ssum[k][0] + ssum[k][1] + ssum[k][2] + ssum[k][3];
-  if (k == 3) meta[(m * nblk + b) * 4 + 3] = __float_as_int(ldexpf(1.0f, E - 16));
+  if (k == 0)
+    *reinterpret_cast<int4*>(meta + rec_index * 4) =
+        make_int4(ssum[0] + ssum[1] + ssum[2] + ssum[3], __float_as_int(ldexpf(1.0f, E - 16)), 0, 0);
 }
 
 // ---- the matmul ------------------------------------------------------------------------------------
@@ -118,8 +117,8 @@ struct MmaPart {
 struct MmaArgs {
   MmaPart part[kTernaryMaxGroup];
   int nparts;
-  const uint8_t* xq;    // quantized activations [M][nblk][384 B]
-  const int32_t* meta;  // [M][nblk][4]
+  const uint8_t* xq;    // quantized activations [nblk][M][384 B]
+  const int32_t* meta;  // [nblk][M][4]
   int64_t M;
   int nblk, ks;
   int kb[9];  // the k split's block boundaries: CTA z takes blocks kb[z] .. kb[z + 1] (no division on the device)
@@ -157,8 +156,8 @@ struct BlockSrc {
   static constexpr int kScaleIssues = (kScalePieces + 31) / 32;             // per lane
   const uint8_t* codes[kTilesPerCta];    // piece `lane` of each tile's block (then + 512 per round)
   const uint8_t* scales[kScaleIssues];   // piece lane + 32 q of the CTA's scales, null past the last
-  const uint8_t* xq;                     // activation record of row m0 (rows nblk records apart)
-  const int32_t* meta;
+  const uint8_t* xq;                     // piece `lane` of the block's run of records (rows m0 ..)
+  const int32_t* meta;                   // row m0 + lane's meta of the block
 };
 
 // One warp copies one block (codes and scales of the CTA's tiles, quantized activations of its mc
@@ -175,37 +174,23 @@ __device__ __forceinline__ void issue_weights(const BlockSrc<F>& src, int64_t bo
     if (lane + 32 * q < BlockSrc<F>::kScalePieces)
       cp_async16(stage + kTilesPerCta * F::kCodeBytes + (lane + 32 * q) * 16, src.scales[q] + boff * F::kScaleBytes);
 }
-// The activation pieces (16 B) of one staged block that a lane copies, set once per warp: piece
-// p = lane + 32 it (< mc * 24 pieces of 16 B, the mc rows' records back to back) lands at p * 16 in the
-// stage's xq area and comes from row r = p / 24's record at src.xq + boff * kXqBytes + r * nblk *
-// kXqBytes + (p % 24) * 16 = ... + p * 16 + r * row_skip, row_skip = (nblk - 1) * kXqBytes. The rows
-// r of the lane's pieces are kept as nibbles (15: no piece): dividing by 24 and the 64-bit row offsets
-// on every block had cost as many instructions as a tile's mma work at one row.
+// The activations of one staged block: the mc rows' records are one contiguous run (block-major xq), so
+// piece p = lane + 32 it (< mc * 24 pieces of 16 B) lands at p * 16 in the stage's xq area from the same
+// offset of the run; lanes < mc copy their row's meta. (Row-major records had cost a division by 24 and
+// 64-bit row offsets per piece: ~70 of the ~470 instructions per block at 8 rows, S13-1.)
 template <int R>
-struct ActPieces {
-  static constexpr int kIters = (R * (kXqBytes / 16) + 31) / 32;  // <= 6 (R = 8)
-  uint32_t rows;  // nibble it: r of piece lane + 32 it, 15 if none
-  int row_skip;
-  __device__ __forceinline__ ActPieces(int mc, int nblk, int lane) : rows(0), row_skip((nblk - 1) * kXqBytes) {
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const int p = lane + 32 * it, r = p / (kXqBytes / 16);
-      rows |= static_cast<uint32_t>(p < mc * (kXqBytes / 16) ? r : 15) << (4 * it);
-    }
-  }
-};
+constexpr int kActIters = (R * (kXqBytes / 16) + 31) / 32;  // <= 6 (R = 8)
 
 template <class F, int R>
-__device__ __forceinline__ void issue_acts(const BlockSrc<F>& src, const ActPieces<R>& ap, int64_t boff, int nblk,
-                                           int mc, int lane, uint8_t* stage) {
+__device__ __forceinline__ void issue_acts(const BlockSrc<F>& src, int64_t boff, uint32_t M, int mc, int lane,
+                                           uint8_t* stage) {
   uint8_t* xs = stage + kTilesPerCta * (F::kCodeBytes + F::kScaleBytes);
-  const uint8_t* xq = src.xq + boff * kXqBytes + lane * 16;
+  const uint32_t bo = static_cast<uint32_t>(boff) * M;  // records from the first block's (< 2^32: M <= 65535)
+  const uint8_t* xq = src.xq + static_cast<uint64_t>(bo) * kXqBytes;
 #pragma unroll
-  for (int it = 0; it < ActPieces<R>::kIters; ++it) {
-    const int r = static_cast<int>((ap.rows >> (4 * it)) & 15u);
-    if (r != 15) cp_async16(xs + (lane + 32 * it) * 16, xq + 512 * it + r * ap.row_skip);
-  }
-  if (lane < mc) cp_async16(xs + mc * kXqBytes + lane * 16, src.meta + (static_cast<int64_t>(lane) * nblk + boff) * 4);
+  for (int it = 0; it < kActIters<R>; ++it)
+    if (lane + 32 * it < mc * (kXqBytes / 16)) cp_async16(xs + (lane + 32 * it) * 16, xq + 512 * it);
+  if (lane < mc) cp_async16(xs + mc * kXqBytes + lane * 16, src.meta + static_cast<uint64_t>(bo) * 4);
 }
 
 template <int R>
@@ -218,29 +203,23 @@ template <int R>
 struct LaneCols {
   static constexpr int NT = ColMap<R>::kNt;
   int b_off[NT];      // B: byte offset of (row, plane) of column 8 nt + g in an xq stage, -1 if empty
-  int d_meta[NT][2];  // D: columns 8 nt + 2t + {0, 1}: int index of S_p in the stage's meta, -1 if empty
-  int sx_meta[2];     // owned rows 2t, 2t + 1: int index of 2^(E-16) in the meta, -1 if none
+  int row_meta[2];    // owned rows 2t, 2t + 1: int index of their (S, 2^(E-16)) in the meta, -1 if none
   __device__ __forceinline__ LaneCols(int mc, int g, int t) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const int cb = 8 * nt + g, pb = cb / R, mb = cb % R;
       b_off[nt] = pb < 3 && mb < mc ? mb * kXqBytes + pb * 128 + t * 32 : -1;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int c = 8 * nt + 2 * t + h, p = c / R, m = c % R;
-        d_meta[nt][h] = p < 3 && m < mc ? m * 4 + p : -1;
-      }
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) sx_meta[h] = 2 * t < R && 2 * t + h < mc ? (2 * t + h) * 4 + 3 : -1;
+    for (int h = 0; h < 2; ++h) row_meta[h] = 2 * t < R && 2 * t + h < mc ? (2 * t + h) * 4 : -1;
   }
 };
 
 // The B fragments of a staged block (bq[nt][w]: word w = 2j + h of the lane's column), zero for empty
-// columns, and the 2^(E-16) of the lane's owned rows.
+// columns, and the 2^(E-16) (sx) and digit sum S (su) of the lane's owned rows.
 template <int R>
 __device__ __forceinline__ void load_acts(const uint8_t* xs, const int32_t* meta, const LaneCols<R>& lc,
-                                          uint32_t (&bq)[ColMap<R>::kNt][8], float (&sx)[2]) {
+                                          uint32_t (&bq)[ColMap<R>::kNt][8], float (&sx)[2], int (&su)[2]) {
 #pragma unroll
   for (int nt = 0; nt < ColMap<R>::kNt; ++nt) {
     uint4 lo = make_uint4(0, 0, 0, 0), hi = make_uint4(0, 0, 0, 0);
@@ -253,7 +232,11 @@ __device__ __forceinline__ void load_acts(const uint8_t* xs, const int32_t* meta
     bq[nt][4] = hi.x, bq[nt][5] = hi.y, bq[nt][6] = hi.z, bq[nt][7] = hi.w;
   }
 #pragma unroll
-  for (int h = 0; h < 2; ++h) sx[h] = lc.sx_meta[h] >= 0 ? __int_as_float(meta[lc.sx_meta[h]]) : 0.0f;
+  for (int h = 0; h < 2; ++h) {
+    const int2 m = lc.row_meta[h] >= 0 ? *reinterpret_cast<const int2*>(meta + lc.row_meta[h]) : make_int2(0, 0);
+    su[h] = m.x;
+    sx[h] = __int_as_float(m.y);
+  }
 }
 
 // The 3 plane values of accumulator register jj of the lane's owned column (valid on lanes with
@@ -305,7 +288,6 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
   const int sb = stage_bytes<F>(mc);
   uint8_t* ring = smem + warp * kStages * sb;
   const LaneCols<R> lc(mc, g, t);
-  const ActPieces<R> ap(mc, a.nblk, lane);
 
   float acc[kTilesPerCta][4];
 #pragma unroll
@@ -324,8 +306,8 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
     const int p = lane + 32 * q, i = min(p / kPer, ntile - 1);
     src.scales[q] = pt.scales + (static_cast<int64_t>(tile0 + i) * a.nblk + first) * F::kScaleBytes + (p % kPer) * 16;
   }
-  src.xq = a.xq + (m0 * a.nblk + first) * kXqBytes;
-  src.meta = a.meta + (m0 * a.nblk + first) * 4;
+  src.xq = a.xq + (static_cast<int64_t>(first) * a.M + m0) * kXqBytes + lane * 16;
+  src.meta = a.meta + (static_cast<int64_t>(first) * a.M + m0 + lane) * 4;
   // The first stages' weights do not depend on earlier kernels: their loads start before pdl_wait(),
   // while the previous kernel drains (they land in the first commit group).
 #pragma unroll
@@ -334,21 +316,26 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
   pdl_wait(a.M == 1);
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q) {
-    if (q < nj) issue_acts<F, R>(src, ap, static_cast<int64_t>(q) * F::kWarps, a.nblk, mc, lane, ring + q * sb);
+    if (q < nj) issue_acts<F, R>(src, static_cast<int64_t>(q) * F::kWarps, static_cast<uint32_t>(a.M), mc, lane, ring + q * sb);
     cp_async_commit();
   }
+  // Stage offsets of block j (cur) and of block j + kStages - 1 (nxt), stepped round the ring (no
+  // division by kStages per block).
+  const int ring_bytes = kStages * sb;
+  int cur = 0, nxt = (kStages - 1) * sb;
   for (int j = 0; j < nj; ++j) {
     cp_async_wait<kStages - 2>();
     __syncwarp();
-    F::template block_compute<R>(ring + (j % kStages) * sb, mc, g, t, lc, acc);
+    F::template block_compute<R>(ring + cur, mc, g, t, lc, acc);
     __syncwarp();  // every lane is done with the stage that the next issue overwrites
     const int jn = j + kStages - 1;
     if (jn < nj) {
-      uint8_t* st = ring + (jn % kStages) * sb;
-      issue_weights<F>(src, static_cast<int64_t>(jn) * F::kWarps, lane, st);
-      issue_acts<F, R>(src, ap, static_cast<int64_t>(jn) * F::kWarps, a.nblk, mc, lane, st);
+      issue_weights<F>(src, static_cast<int64_t>(jn) * F::kWarps, lane, ring + nxt);
+      issue_acts<F, R>(src, static_cast<int64_t>(jn) * F::kWarps, static_cast<uint32_t>(a.M), mc, lane, ring + nxt);
     }
     cp_async_commit();
+    cur = cur + sb == ring_bytes ? 0 : cur + sb;
+    nxt = nxt + sb == ring_bytes ? 0 : nxt + sb;
   }
   cp_async_wait<0>();
   __syncthreads();  // the rings are free: the warp sums go there
@@ -496,7 +483,7 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
     auto* meta = reinterpret_cast<int32_t*>(xq + static_cast<size_t>(a.M) * a.nblk * kXqBytes);
     if (!buf.xq_ready || m0 > 0)
       launch_pdl(quantize_x24_kernel, dim3(static_cast<unsigned>(a.nblk), static_cast<unsigned>(a.M)), 128, 0, s,
-                 x + m0 * in, in, a.nblk, xq, meta);
+                 x + m0 * in, in, xq, meta);
     a.xq = xq;
     a.meta = meta;
     const int64_t gy = (a.M + kCols - 1) / kCols;

@@ -283,7 +283,7 @@ __global__ void dflash_conv_quantize_kernel(const float* __restrict__ x, const f
   for (int e = 0; e < 4; ++e) e4[e] = dflash_conv_channel(x, base, d + t * d_stride, t, c0 + e, C, K, C / group, group);
   *reinterpret_cast<float4*>(y + t * C + c0) = make_float4(e4[0], e4[1], e4[2], e4[3]);
   if (!xq) return;
-  const int64_t blk = t * (C / 128) + blockIdx.x * 8 + warp;
+  const int64_t blk = xq_record_index(t, blockIdx.x * 8 + warp, M);
   warp_quantize_x24(e4, lane, xq + blk * kXqRecordBytes, meta + blk * 4);
 }
 

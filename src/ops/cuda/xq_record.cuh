@@ -3,7 +3,12 @@
 // conv): the next ternary / K-quant matmul then skips its quantize launch (the backend's xq cache).
 // Byte for byte what quantize_x24_kernel writes for the same 128 floats: E = (frexp exponent of the
 // block's largest |x|) - 6, so that largest |x| 2^-E lies in [32, 64); u = rint(x 2^(16-E)); the three
-// signed digit planes in mma B-fragment order; the meta (S0, S1, S2, 2^(E-16)).
+// signed digit planes in mma B-fragment order; the meta (S, 2^(E-16), 0, 0) with S = sum u, the block's
+// digit sum (|S| < 2^29), which the ternary matmul subtracts to turn its codes c = w + 1 back into w.
+//
+// Layout: block-major, [dim / 128][rows][384 B] records, then meta [dim / 128][rows][4] (xq_meta()), so
+// the rows of one block that a matmul CTA stages (up to 8) are one contiguous run of 384-byte records:
+// its copy is a fixed set of 16-byte pieces from one base pointer per block.
 #pragma once
 
 #include "ops/cuda/common.cuh"
@@ -27,12 +32,15 @@ __device__ __forceinline__ void x24_digits(float x, int E, int& d0, int& d1, int
   d0 = (u1 - d1) >> 8;
 }
 
+// Record index of (row, block b) among `rows` rows: block-major.
+__device__ __forceinline__ int64_t xq_record_index(int64_t row, int64_t b, int64_t rows) { return b * rows + row; }
+
 // Lane L holds elements 4L .. 4L + 3 of the block in e4; rec: the block's 384-byte record; meta: its 4 ints.
 __device__ __forceinline__ void warp_quantize_x24(const float (&e4)[4], int lane, uint8_t* rec, int32_t* meta) {
   float amax = fmaxf(fmaxf(fabsf(e4[0]), fabsf(e4[1])), fmaxf(fabsf(e4[2]), fabsf(e4[3])));
   const int E = x24_exponent(warp_max(amax));
   uint32_t plane[3] = {0, 0, 0};
-  int s[3] = {0, 0, 0};
+  int s = 0;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     int d0, d1, d2;
@@ -40,24 +48,18 @@ __device__ __forceinline__ void warp_quantize_x24(const float (&e4)[4], int lane
     plane[0] |= static_cast<uint32_t>(d0 & 0xff) << (8 * e);
     plane[1] |= static_cast<uint32_t>(d1 & 0xff) << (8 * e);
     plane[2] |= static_cast<uint32_t>(d2 & 0xff) << (8 * e);
-    s[0] += d0, s[1] += d1, s[2] += d2;
+    s += (d0 * 256 + d1) * 256 + d2;  // = u
   }
   // Element k = 4L + e of the block sits at byte t*32 + (2j + h)*4 + e (k = 32j + 16h + 4t + e).
   uint8_t* at = rec + (lane & 3) * 32 + ((lane >> 3) * 2 + ((lane >> 2) & 1)) * 4;
 #pragma unroll
   for (int p = 0; p < 3; ++p) *reinterpret_cast<uint32_t*>(at + 128 * p) = plane[p];
-  const int t0 = __reduce_add_sync(0xffffffffu, s[0]), t1 = __reduce_add_sync(0xffffffffu, s[1]),
-            t2 = __reduce_add_sync(0xffffffffu, s[2]);
-  if (lane == 0) {
-    meta[0] = t0;
-    meta[1] = t1;
-    meta[2] = t2;
-    meta[3] = __float_as_int(ldexpf(1.0f, E - 16));
-  }
+  const int total = __reduce_add_sync(0xffffffffu, s);
+  if (lane == 0) *reinterpret_cast<int4*>(meta) = make_int4(total, __float_as_int(ldexpf(1.0f, E - 16)), 0, 0);
 }
 
-// The records' meta follows the rows' digit planes: [rows][dim / 128][4] after [rows][dim / 128][384 B];
-// null without records.
+// The records' meta follows the digit planes: [dim / 128][rows][4] after [dim / 128][rows][384 B]; null
+// without records.
 inline int32_t* xq_meta(uint8_t* xq, int64_t rows, int64_t dim) {
   return xq ? reinterpret_cast<int32_t*>(xq + static_cast<size_t>(rows) * (dim / 128) * kXqRecordBytes) : nullptr;
 }
