@@ -87,14 +87,14 @@ __global__ void __launch_bounds__(128) quantize_x24_kernel(const float* __restri
   amax = fmaxf(fmaxf(smax[0], smax[1]), fmaxf(smax[2], smax[3]));
   const int E = x24_exponent(amax);  // |x| / 2^E < 64
   int d0, d1, d2;
-  x24_digits(v, E, d0, d1, d2);
+  const int u = x24_digits(v, E, d0, d1, d2);
   const int j = k >> 5, h = (k >> 4) & 1, t = (k >> 2) & 3, e = k & 3;
   const int64_t rec_index = xq_record_index(m, b, gridDim.y);
   uint8_t* rec = xq + rec_index * kXqBytes + t * 32 + (2 * j + h) * 4 + e;
   rec[0] = static_cast<uint8_t>(d0);
   rec[128] = static_cast<uint8_t>(d1);
   rec[256] = static_cast<uint8_t>(d2);
-  const int s = __reduce_add_sync(0xffffffffu, (d0 * 256 + d1) * 256 + d2);  // sum u of the warp's 32
+  const int s = __reduce_add_sync(0xffffffffu, u);  // sum u of the warp's 32
   if (lane == 0) ssum[warp] = s;
   __syncthreads();
   if (k == 0)

@@ -23,13 +23,15 @@ __device__ __forceinline__ int x24_exponent(float amax) {
   if (amax > 0.0f && isfinite(amax)) frexpf(amax, &ex);  // amax = f 2^ex, f in [0.5, 1)
   return ex - 6;
 }
-// u = rint(x 2^(16-E)) (|u| < 2^22) as three signed bytes, u = 65536 d0 + 256 d1 + d2 (|d0| <= 64).
-__device__ __forceinline__ void x24_digits(float x, int E, int& d0, int& d1, int& d2) {
+// u = rint(x 2^(16-E)) (|u| < 2^22) as three signed bytes, u = 65536 d0 + 256 d1 + d2 (|d0| <= 64);
+// returns u (the records' digit sum S adds these).
+__device__ __forceinline__ int x24_digits(float x, int E, int& d0, int& d1, int& d2) {
   const int u = __float2int_rn(ldexpf(x, 16 - E));
   d2 = static_cast<int8_t>(u & 0xff);
   const int u1 = (u - d2) >> 8;
   d1 = static_cast<int8_t>(u1 & 0xff);
   d0 = (u1 - d1) >> 8;
+  return u;
 }
 
 // Record index of (row, block b) among `rows` rows: block-major.
@@ -44,11 +46,10 @@ __device__ __forceinline__ void warp_quantize_x24(const float (&e4)[4], int lane
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     int d0, d1, d2;
-    x24_digits(e4[e], E, d0, d1, d2);
+    s += x24_digits(e4[e], E, d0, d1, d2);
     plane[0] |= static_cast<uint32_t>(d0 & 0xff) << (8 * e);
     plane[1] |= static_cast<uint32_t>(d1 & 0xff) << (8 * e);
     plane[2] |= static_cast<uint32_t>(d2 & 0xff) << (8 * e);
-    s += (d0 * 256 + d1) * 256 + d2;  // = u
   }
   // Element k = 4L + e of the block sits at byte t*32 + (2j + h)*4 + e (k = 32j + 16h + 4t + e).
   uint8_t* at = rec + (lane & 3) * 32 + ((lane >> 3) * 2 + ((lane >> 2) & 1)) * 4;
