@@ -2,11 +2,15 @@
 //
 // Columns j of a head's state S[i][j] (i = key dim, j = value dim) evolve independently given the
 // sums over i, so a block takes one V head and 32 value columns: thread (g, jl) owns column j0 + jl and
-// the key rows i = g, g + G, g + 2G, ... in registers (G = kG row groups, one warp each). Per row:
-//   S *= exp(g);  kv = S^T k;  delta = (v - kv) * beta;  S += k delta^T;  o = S^T q
-// each sum over i = the group's partial (its rows in increasing order), the G partials added in a fixed
-// pairwise tree (G = 4: (g0 + g1) + (g2 + g3)). G is a device setting (gdn_groups()), never a function of
-// M, so one row and a verify block get the same bits.
+// the key rows i = g R .. g R + R - 1 (R = kRPT, a contiguous run: its k / q come as 16-byte shared
+// loads) in registers (G = kG row groups, one warp each). Per row, with S' the state after the row:
+//   S *= exp(g);  kv = S^T k;  sq = S^T q;  delta = (v - kv) * beta;  S' = S + k delta^T;
+//   o = S'^T q = sq + delta (k . q)
+// so every sum over i (kv, sq, k . q) comes from values known before the update and one barrier per row
+// exchanges them (the groups' partials double-buffered in shared memory). Each sum over i = the group's
+// partial (two interleaved chains over its rows, then added), the G partials added in a fixed pairwise
+// tree (G = 8: ((g0 + g1) + (g2 + g3)) + ((g4 + g5) + (g6 + g7))). G is a device setting (gdn_groups()),
+// never a function of M, so one row and a verify block get the same bits.
 // The state is read from state_in (rollback's replay starts from its checkpoint; in place otherwise), stays
 // in registers across the M rows and is written to state; snapshots get the state after each row.
 // The rows' q, k, v, decay and beta are staged in shared memory kStageRows rows at a time.
@@ -106,8 +110,11 @@ __global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const Recurre
   const int Hk = args.Hk, Hv = args.Hv, dk = args.dk, dv = args.dv;
   // Inputs of up to kStageRows rows at a time: their loads are all in flight together, instead of one
   // global round trip per row (verify's 8 rows).
-  __shared__ float ks[kStageRows][D], qs[kStageRows][D], vs[kStageRows][32], decays[kStageRows], betas[kStageRows];
-  __shared__ float red[2][kGroups][32];  // the groups' partials of kv (0) and o (1)
+  __shared__ __align__(16) float ks[kStageRows][D], qs[kStageRows][D];
+  __shared__ float vs[kStageRows][32], decays[kStageRows], betas[kStageRows];
+  // The groups' partials of kv ([b][0]), sq ([b][1]) and k . q ([b][2]); row m uses buffer b = m & 1, so
+  // a row's writes never meet the previous row's reads: the one barrier per row orders them.
+  __shared__ float red[2][3][kGroups][32];
   const int p = blockIdx.x;
   const int kh = p % Hk;
   const int jl = threadIdx.x & 31, grp = threadIdx.x >> 5;
@@ -116,22 +123,22 @@ __global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const Recurre
   const int64_t head_state = static_cast<int64_t>(dk) * dv;
   const float* Sin = args.state_in + p * head_state;
   float* S0 = args.state + p * head_state;
-  // The thread's state element r is (i, j) = (grp + kGroups r, j): offset e0 + r * es within a head (int:
-  // a head is dk * dv <= 2^16 floats). One offset for every state-shaped buffer (in, out, checkpoint,
+  // The thread's state element r is (i, j) = (i0 + r, j), i0 = grp kRPT: offset e0 + r * dv within a head
+  // (int: a head is dk * dv <= 2^16 floats). One offset for every state-shaped buffer (in, out, checkpoint,
   // snapshots), so their addresses share the arithmetic.
-  const int e0 = grp * dv + j, es = kGroups * dv;
+  const int i0 = grp * kRPT;
+  const int e0 = i0 * dv + j;
   // The thread's state elements (rows below dk) into one state-shaped buffer of this head.
   const auto store_state = [&](float* head, const float (&st)[kRPT]) {
 #pragma unroll
     for (int r = 0; r < kRPT; ++r)
-      if (grp + kGroups * r < dk) head[e0 + r * es] = st[r];
+      if (i0 + r < dk) head[e0 + r * dv] = st[r];
   };
 
   float S[kRPT];
 #pragma unroll
   for (int r = 0; r < kRPT; ++r) {
-    const int i = grp + kGroups * r;
-    S[r] = (col_ok && i < dk) ? Sin[e0 + r * es] : 0.0f;
+    S[r] = (col_ok && i0 + r < dk) ? Sin[e0 + r * dv] : 0.0f;
   }
   if constexpr (kPrepare)
     if (args.state_before && col_ok)  // the undo checkpoint, from the registers (no copy launch)
@@ -147,23 +154,55 @@ __global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const Recurre
   for (int64_t m0 = 0; m0 < M; m0 += kStageRows) {
     const int rows = static_cast<int>(M - m0 < kStageRows ? M - m0 : kStageRows);
     __syncthreads();  // the previous stage's rows are done with ks / qs / vs
-    for (int t = threadIdx.x; t < rows * dk; t += blockDim.x) {
-      const int mm = t / dk, i = t % dk;
-      ks[mm][i] = k[(m0 + mm) * args.k_stride + kh * dk + i];
-      qs[mm][i] = q[(m0 + mm) * args.q_stride + kh * dk + i];
+    // The rows' inputs: every load of the thread is issued before its first shared-memory store (a loop
+    // of load-then-store waits one L2 round trip per iteration: 4 at verify's 8 rows).
+    constexpr int kThreads = kGroups * 32;
+    constexpr int kQkPer = (kStageRows * D + kThreads - 1) / kThreads, kVPer = (kStageRows * 32 + kThreads - 1) / kThreads;
+    float kt[kQkPer], qt[kQkPer], vt[kVPer];
+#pragma unroll
+    for (int u = 0; u < kQkPer; ++u) {
+      const int t = threadIdx.x + u * kThreads;
+      if (t < rows * dk) {
+        const int mm = t / dk, i = t % dk;
+        kt[u] = k[(m0 + mm) * args.k_stride + kh * dk + i];
+        qt[u] = q[(m0 + mm) * args.q_stride + kh * dk + i];
+      }
     }
-    for (int t = threadIdx.x; t < rows * 32; t += blockDim.x) {
-      const int mm = t / 32, jj = t % 32;
-      const int jc = blockIdx.y * 32 + jj;
-      vs[mm][jj] = jc < dv ? v[(m0 + mm) * args.v_stride + static_cast<int64_t>(p) * dv + jc] : 0.0f;
-      if constexpr (kPrepare)
-        if (args.pv && jc < dv) args.pv[(m0 + mm) * static_cast<int64_t>(Hv) * dv + static_cast<int64_t>(p) * dv + jc] = vs[mm][jj];
+#pragma unroll
+    for (int u = 0; u < kVPer; ++u) {
+      const int t = threadIdx.x + u * kThreads;
+      const int jc = blockIdx.y * 32 + t % 32;
+      vt[u] = t < rows * 32 && jc < dv ? v[(m0 + t / 32) * args.v_stride + static_cast<int64_t>(p) * dv + jc] : 0.0f;
+    }
+    float gt = 0.0f, bt_raw = 0.0f;
+    if (threadIdx.x < rows) {
+      const int64_t gi = (m0 + threadIdx.x) * Hv + p;
+      gt = g[gi];
+      bt_raw = beta[gi];
+    }
+#pragma unroll
+    for (int u = 0; u < kQkPer; ++u) {
+      const int t = threadIdx.x + u * kThreads;
+      if (t < rows * dk) {
+        ks[t / dk][t % dk] = kt[u];
+        qs[t / dk][t % dk] = qt[u];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kVPer; ++u) {
+      const int t = threadIdx.x + u * kThreads;
+      if (t < rows * 32) {
+        const int mm = t / 32, jc = blockIdx.y * 32 + t % 32;
+        vs[mm][t % 32] = vt[u];
+        if constexpr (kPrepare)
+          if (args.pv && jc < dv) args.pv[(m0 + mm) * static_cast<int64_t>(Hv) * dv + static_cast<int64_t>(p) * dv + jc] = vt[u];
+      }
     }
     if (threadIdx.x < rows) {
       const int64_t gi = (m0 + threadIdx.x) * Hv + p;
       if constexpr (kPrepare) {
-        const float bt = sigmoid_f(beta[gi]);
-        const float lg = args.ssm_a[p] * softplus_f(g[gi] + args.dt_bias[p]);
+        const float bt = sigmoid_f(bt_raw);
+        const float lg = args.ssm_a[p] * softplus_f(gt + args.dt_bias[p]);
         decays[threadIdx.x] = expf(lg);
         betas[threadIdx.x] = bt;
         if (args.pg && blockIdx.y == 0) {
@@ -171,8 +210,8 @@ __global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const Recurre
           args.pbeta[gi] = bt;
         }
       } else {
-        decays[threadIdx.x] = expf(g[gi]);
-        betas[threadIdx.x] = beta[gi];
+        decays[threadIdx.x] = expf(gt);
+        betas[threadIdx.x] = bt_raw;
       }
     }
     if constexpr (kPrepare) {
@@ -201,34 +240,39 @@ __global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const Recurre
     }
     for (int mm = 0; mm < rows; ++mm) {
       const int64_t m = m0 + mm;
+      const int b = static_cast<int>(m & 1);
       const float decay = decays[mm];
-      const float b = betas[mm];
+      const float bt = betas[mm];
       const float vj = vs[mm][jl];
       // Straight-line over all kRPT rows: past dk, S and the staged k / q are zero (see above), so those
       // terms add nothing (a branch per row made the chain's code depend on ptxas' if-conversion).
-      float kv = 0.0f;
+      float kr[kRPT], qr[kRPT];
+#pragma unroll
+      for (int r = 0; r < kRPT; r += 4) {
+        const float4 k4 = *reinterpret_cast<const float4*>(&ks[mm][i0 + r]);
+        const float4 q4 = *reinterpret_cast<const float4*>(&qs[mm][i0 + r]);
+        kr[r] = k4.x, kr[r + 1] = k4.y, kr[r + 2] = k4.z, kr[r + 3] = k4.w;
+        qr[r] = q4.x, qr[r + 1] = q4.y, qr[r + 2] = q4.z, qr[r + 3] = q4.w;
+      }
+      float kv[2] = {0.0f, 0.0f}, sq[2] = {0.0f, 0.0f}, kq[2] = {0.0f, 0.0f};  // even / odd r: two chains each
 #pragma unroll
       for (int r = 0; r < kRPT; ++r) {
         S[r] *= decay;
-        kv = fmaf(S[r], ks[mm][grp + kGroups * r], kv);
+        kv[r & 1] = fmaf(S[r], kr[r], kv[r & 1]);
+        sq[r & 1] = fmaf(S[r], qr[r], sq[r & 1]);
+        kq[r & 1] = fmaf(kr[r], qr[r], kq[r & 1]);
       }
-      red[0][grp][jl] = kv;
+      red[b][0][grp][jl] = kv[0] + kv[1];
+      red[b][1][grp][jl] = sq[0] + sq[1];
+      red[b][2][grp][jl] = kq[0] + kq[1];  // the same in every lane of the warp
       __syncthreads();
-      const float kv_all = group_sum<kGroups>(red[0], jl);
-      const float delta = (vj - kv_all) * b;
-      float o = 0.0f;
+      const float kv_all = group_sum<kGroups>(red[b][0], jl);
+      const float sq_all = group_sum<kGroups>(red[b][1], jl);
+      const float delta = (vj - kv_all) * bt;
 #pragma unroll
-      for (int r = 0; r < kRPT; ++r) {
-        S[r] = fmaf(ks[mm][grp + kGroups * r], delta, S[r]);
-        o = fmaf(S[r], qs[mm][grp + kGroups * r], o);
-      }
-      red[1][grp][jl] = o;
+      for (int r = 0; r < kRPT; ++r) S[r] = fmaf(kr[r], delta, S[r]);
+      if (grp == 0 && col_ok) args.out[(m * Hv + p) * dv + j] = fmaf(delta, group_sum<kGroups>(red[b][2], jl), sq_all);
       if (snapshots && col_ok) store_state(snapshots + m * static_cast<int64_t>(Hv) * head_state + p * head_state, S);
-      __syncthreads();
-      if (grp == 0 && col_ok)
-        args.out[(m * Hv + p) * dv + j] = group_sum<kGroups>(red[1], jl);
-      // the next row overwrites red[0]; red[1] is read above before the next row's second barrier
-      __syncthreads();
     }
   }
   if (col_ok) store_state(S0, S);
