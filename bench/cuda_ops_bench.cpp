@@ -1,7 +1,7 @@
 // bench_cuda_ops: CUDA backend throughput against the measured streaming-read floor.
 //
 //   bench_cuda_ops [--quick] [--model FILE.gguf [--model-only] [--tokens N]] [--gdn] [--prefill] [--attn-prefill]
-//                  [--attention] [--matmul TYPE[:SHAPE] [--warm-l2]] [--out FILE.md]
+//                  [--attention] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]
 //
 // --matmul runs section 2 alone for one type (and shape, e.g. ptq1_0:attn_qkv: a target for ncu);
 // --warm-l2 then times one copy of the matrix, served from L2 when it fits (latency vs bandwidth).
@@ -11,7 +11,8 @@
 //    and M = 8: the time of one call inside a CUDA graph of >= 8 back-to-back calls (as in a decode graph); GB/s counts the weight bytes of the FILE format once per call (the bytes
 //    a decode step must read), % of floor = that / floor; "dev GB/s" counts the device layout (PTQ1_0
 //    is transcoded to 2-bit codes, 21 % more bytes). Each timing rotates over enough copies of the
-//    matrix (>= 256 MB) that L2 (50 MB) cannot serve repeats. M8/M1 = cost ratio of a verify block.
+//    matrix (>= 256 MB) that L2 (50 MB) cannot serve repeats. M8/M1 = cost ratio of a verify block;
+//    --rows N times N rows instead of 8 (the drafter's lm_head runs 7).
 // 3. Other decode-step ops at 27B shapes (times only); the attention rows alone with --attention.
 // 4. With --model: whole-model decode tok/s (1-row forwards, logits of the last row + argmax) and
 //    8-row verify forwards, against the floor (bytes the step reads / floor).
@@ -24,6 +25,7 @@
 //    against attention() (the decode / verify kernel prefill used before).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -290,6 +292,7 @@ int main(int argc, char** argv) {
   std::string model_path, drafter_path, out_path, only_type, only_shape;  // --matmul TYPE[:SHAPE]: that matmul alone
   bool warm_l2 = false;  // --warm-l2: one copy of the matrix (served from L2 when it fits): the L2 bound
   int n_tokens = 64;
+  int wide_rows = 8;  // --rows N: the matmul table's second row count (the drafter's lm_head has 7)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -303,6 +306,7 @@ int main(int argc, char** argv) {
     else if (a == "--drafter" && i + 1 < argc) drafter_path = argv[++i];
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
     else if (a == "--tokens" && i + 1 < argc) n_tokens = std::atoi(argv[++i]);
+    else if (a == "--rows" && i + 1 < argc) wide_rows = std::clamp(std::atoi(argv[++i]), 2, 8);
     else if (a == "--matmul" && i + 1 < argc) {
       const std::string v = argv[++i];
       const size_t colon = v.find(':');
@@ -310,7 +314,7 @@ int main(int argc, char** argv) {
       if (colon != std::string::npos) only_shape = v.substr(colon + 1);
     } else {
       fmt::print(stderr,
-                 "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--attn-prefill] [--attention] [--matmul TYPE[:SHAPE] [--warm-l2]] [--out FILE.md]\n");
+                 "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--attn-prefill] [--attention] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]\n");
       return 2;
     }
   }
@@ -368,7 +372,8 @@ int main(int argc, char** argv) {
       types = {*t};
     }
     if (!types.empty()) {
-      out.line("| type | matrix | in x out | MB (file) | layout | M=1 us | GB/s | % floor | dev GB/s | M=8 us | M8/M1 |");
+      out.line(fmt::format("| type | matrix | in x out | MB (file) | layout | M=1 us | GB/s | % floor | dev GB/s | M={0} us | "
+                           "M{0}/M1 |", wide_rows));
       out.line("|---|---|---|---|---|---|---|---|---|---|---|");
     }
     uint32_t seed = 1;
@@ -393,7 +398,7 @@ int main(int argc, char** argv) {
         float* dy = static_cast<float*>(be->alloc(8 * s.out * 4));
         double us[2];
         for (int mi = 0; mi < 2; ++mi) {
-          const int64_t M = mi == 0 ? 1 : 8;
+          const int64_t M = mi == 0 ? 1 : wide_rows;
           int k = 0;
           // one graph of `copies` back-to-back calls (each on another copy of the matrix), as in a decode graph
           us[mi] = 1e3 * cuda::time_graph_ms(*be, std::max(copies, 8), 10,

@@ -122,6 +122,7 @@ struct MmaArgs {
   int64_t M;
   int nblk, ks;
   int kb[9];  // the k split's block boundaries: CTA z takes blocks kb[z] .. kb[z + 1] (no division on the device)
+  int stage_stride;  // bytes from one ring stage to the next: stage_stride_for(stage_bytes(mc))
 };
 
 // d = a . b + c on m16n8k32, A unsigned bytes (weight codes), B signed bytes (activation digits).
@@ -285,7 +286,7 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
   const int mc = a.M - m0 < kCols ? static_cast<int>(a.M - m0) : kCols;
   const int z = blockIdx.z;
   const int b_lo = a.kb[z], b_hi = a.kb[z + 1];
-  const int sb = stage_bytes<F>(mc);
+  const int sb = a.stage_stride;
   uint8_t* ring = smem + warp * kStages * sb;
   const LaneCols<R> lc(mc, g, t);
 
@@ -424,6 +425,16 @@ inline bool mma_one_row_map() {
   return v;
 }
 
+// Ring stages start on 128-byte boundaries: a stage of 7 or 1 activation rows (4976 / 2576 bytes for
+// PTQ1_0) otherwise starts mid-line, and every 512-byte cp.async of its weight codes costs ~10 shared
+// wavefronts instead of 4 (ncu, ffn_up at 7 rows: 50 % of the shared wavefronts excessive, 25 % at 8
+// rows, whose 5376-byte stages are aligned; 25.95 vs 22.91 us). DFLASH_CUDA_MM_STAGE_ALIGN=0 keeps the
+// unpadded stride, for comparison. Scheduling only: the bits are the same.
+inline int stage_stride_for(int bytes) {
+  static const bool align = env_flag("DFLASH_CUDA_MM_STAGE_ALIGN", true);
+  return align ? (bytes + 127) / 128 * 128 : bytes;
+}
+
 inline int mma_splits_for(int64_t ctas, int64_t in, int num_sms, int ctas_per_sm, int warps) {
   const int64_t nblk = in / 128;
   // As many CTAs as fit in one wave: a GEMV needs warps for bytes in flight, and a second wave would
@@ -469,11 +480,11 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     };
-    setup(mm_mma_kernel<F, SN, 1>, F::kWarps * SN * stage_bytes<F>(1));
-    setup(mm_mma_kernel<F, SN, 2>, F::kWarps * SN * stage_bytes<F>(2));
-    setup(mm_mma_kernel<F, SN, 4>, F::kWarps * SN * stage_bytes<F>(4));
-    setup(mm_mma_kernel<F, SW, 8>, F::kWarps * SW * stage_bytes<F>(kCols));
-    if constexpr (SW2 != SW) setup(mm_mma_kernel<F, SW2, 8>, F::kWarps * SW2 * stage_bytes<F>(kCols));
+    setup(mm_mma_kernel<F, SN, 1>, F::kWarps * SN * stage_stride_for(stage_bytes<F>(1)));
+    setup(mm_mma_kernel<F, SN, 2>, F::kWarps * SN * stage_stride_for(stage_bytes<F>(2)));
+    setup(mm_mma_kernel<F, SN, 4>, F::kWarps * SN * stage_stride_for(stage_bytes<F>(4)));
+    setup(mm_mma_kernel<F, SW, 8>, F::kWarps * SW * stage_stride_for(stage_bytes<F>(kCols)));
+    if constexpr (SW2 != SW) setup(mm_mma_kernel<F, SW2, 8>, F::kWarps * SW2 * stage_stride_for(stage_bytes<F>(kCols)));
     attr_set = true;
   }
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRowsPerLaunch) {
@@ -488,24 +499,25 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
     a.meta = meta;
     const int64_t gy = (a.M + kCols - 1) / kCols;
     const int mc = static_cast<int>(std::min<int64_t>(a.M, kCols));  // rows staged: the largest tile's
+    a.stage_stride = stage_stride_for(stage_bytes<F>(mc));
     const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(a.ks));
     const dim3 block(F::kWarps * 32), cluster(1, 1, grid.z);
     // R (rows per plane group) from the widest tile, and the ring depth: scheduling and column
     // placement only, the arithmetic of a row is the same.
     if (mc == 1 && mma_one_row_map())
-      (void)launch_ex(mm_mma_kernel<F, SN, 1>, grid, block, F::kWarps * SN * stage_bytes<F>(mc), s, cluster,
+      (void)launch_ex(mm_mma_kernel<F, SN, 1>, grid, block, F::kWarps * SN * a.stage_stride, s, cluster,
                       pdl_enabled(), a);
     else if (mc <= 2)
-      (void)launch_ex(mm_mma_kernel<F, SN, 2>, grid, block, F::kWarps * SN * stage_bytes<F>(mc), s, cluster,
+      (void)launch_ex(mm_mma_kernel<F, SN, 2>, grid, block, F::kWarps * SN * a.stage_stride, s, cluster,
                       pdl_enabled(), a);
     else if (mc <= 4)
-      (void)launch_ex(mm_mma_kernel<F, SN, 4>, grid, block, F::kWarps * SN * stage_bytes<F>(mc), s, cluster,
+      (void)launch_ex(mm_mma_kernel<F, SN, 4>, grid, block, F::kWarps * SN * a.stage_stride, s, cluster,
                       pdl_enabled(), a);
     else if (SW2 != SW && mma_wide_alt())
-      (void)launch_ex(mm_mma_kernel<F, SW2, 8>, grid, block, F::kWarps * SW2 * stage_bytes<F>(mc), s, cluster,
+      (void)launch_ex(mm_mma_kernel<F, SW2, 8>, grid, block, F::kWarps * SW2 * a.stage_stride, s, cluster,
                       pdl_enabled(), a);
     else
-      (void)launch_ex(mm_mma_kernel<F, SW, 8>, grid, block, F::kWarps * SW * stage_bytes<F>(mc), s, cluster,
+      (void)launch_ex(mm_mma_kernel<F, SW, 8>, grid, block, F::kWarps * SW * a.stage_stride, s, cluster,
                       pdl_enabled(), a);
   }
 }
