@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
   if (a.y) st4(a.y + base + i0, e4);
   if (a.xq) {  // prefill leaves them out: the next matmul is the bf16 tensor-core GEMM, which reads y itself
     const int64_t blk = xq_record_index(r, c0 / 128 + warp, gridDim.y);
-    warp_quantize_x24(e4, lane, a.xq + blk * kXqRecordBytes, a.meta + blk * 4);
+    warp_quantize_x24(e4, lane, r, a.xq + blk * kXqRecordBytes, a.meta + blk * 4);
   }
   if constexpr (kMode == 0) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }

@@ -9,7 +9,7 @@
 // largest |x| in [32, 64), so |u| < 2^22 and the rounding error is <= 2^-23 of the block's largest |x|
 // (fp32 level). u is split into three signed bytes, u = 65536 u0 + 256 u1 + u2 (the digit planes),
 // stored in mma B-fragment order (lane-quad position t's 8 words: word 2j + h holds the bytes
-// k = 32 j + 16 h + 4 t + e, e = 0..3), with meta (S, 2^(E-16), 0, 0): the digit sum S = sum u and the
+// k = 32 j + 16 h + 4 t + e, e = 0..3; words 0-3 and 4-7 swapped in odd rows, xq_half_swizzle), with meta (S, 2^(E-16), 0, 0): the digit sum S = sum u and the
 // scale; records and meta are block-major ([nblk][M], xq_record.cuh), so a CTA's rows of one block are
 // one contiguous run.
 // Integer products of weight codes and digits are exact and order-free; a format's block_compute
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(128) quantize_x24_kernel(const float* __restri
   const int u = x24_digits(v, E, d0, d1, d2);
   const int j = k >> 5, h = (k >> 4) & 1, t = (k >> 2) & 3, e = k & 3;
   const int64_t rec_index = xq_record_index(m, b, gridDim.y);
-  uint8_t* rec = xq + rec_index * kXqBytes + t * 32 + (2 * j + h) * 4 + e;
+  uint8_t* rec = xq + rec_index * kXqBytes + t * 32 + (((2 * j + h) * 4) ^ xq_half_swizzle(m)) + e;
   rec[0] = static_cast<uint8_t>(d0);
   rec[128] = static_cast<uint8_t>(d1);
   rec[256] = static_cast<uint8_t>(d2);
@@ -203,13 +203,14 @@ struct ColMap {
 template <int R>
 struct LaneCols {
   static constexpr int NT = ColMap<R>::kNt;
-  int b_off[NT];      // B: byte offset of (row, plane) of column 8 nt + g in an xq stage, -1 if empty
+  int b_off[NT];      // B: byte offset of (row, plane) of column 8 nt + g in an xq stage (words 0-3 of the
+                      // lane's chunk; words 4-7 at b_off ^ 16), -1 if empty
   int row_meta[2];    // owned rows 2t, 2t + 1: int index of their (S, 2^(E-16)) in the meta, -1 if none
   __device__ __forceinline__ LaneCols(int mc, int g, int t) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const int cb = 8 * nt + g, pb = cb / R, mb = cb % R;
-      b_off[nt] = pb < 3 && mb < mc ? mb * kXqBytes + pb * 128 + t * 32 : -1;
+      b_off[nt] = pb < 3 && mb < mc ? mb * kXqBytes + pb * 128 + t * 32 + xq_half_swizzle(mb) : -1;
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) row_meta[h] = 2 * t < R && 2 * t + h < mc ? (2 * t + h) * 4 : -1;
@@ -225,9 +226,8 @@ __device__ __forceinline__ void load_acts(const uint8_t* xs, const int32_t* meta
   for (int nt = 0; nt < ColMap<R>::kNt; ++nt) {
     uint4 lo = make_uint4(0, 0, 0, 0), hi = make_uint4(0, 0, 0, 0);
     if (lc.b_off[nt] >= 0) {
-      const uint4* src = reinterpret_cast<const uint4*>(xs + lc.b_off[nt]);
-      lo = src[0];
-      hi = src[1];
+      lo = *reinterpret_cast<const uint4*>(xs + lc.b_off[nt]);
+      hi = *reinterpret_cast<const uint4*>(xs + (lc.b_off[nt] ^ 16));
     }
     bq[nt][0] = lo.x, bq[nt][1] = lo.y, bq[nt][2] = lo.z, bq[nt][3] = lo.w;
     bq[nt][4] = hi.x, bq[nt][5] = hi.y, bq[nt][6] = hi.z, bq[nt][7] = hi.w;

@@ -37,8 +37,18 @@ __device__ __forceinline__ int x24_digits(float x, int E, int& d0, int& d1, int&
 // Record index of (row, block b) among `rows` rows: block-major.
 __device__ __forceinline__ int64_t xq_record_index(int64_t row, int64_t b, int64_t rows) { return b * rows + row; }
 
-// Lane L holds elements 4L .. 4L + 3 of the block in e4; rec: the block's 384-byte record; meta: its 4 ints.
-__device__ __forceinline__ void warp_quantize_x24(const float (&e4)[4], int lane, uint8_t* rec, int32_t* meta) {
+// The two 16-byte halves of each 32-byte lane-quad chunk of a plane (words 0-3 | 4-7) trade places in
+// the records of odd rows. The matmul stages a CTA's records at a 384-byte row stride (a multiple of the
+// 128-byte bank period), so without it the 8 rows' lanes of a B-fragment load hit the same 4 banks:
+// 8 shared wavefronts per 16-byte load instead of 4 (ncu at 8 rows: 25 % of the kernel's shared
+// wavefronts). Rows are counted from the launch's first (a multiple of 8: kCols), so parity is the
+// stage row's. A layout only: the digits are the same.
+__host__ __device__ constexpr int xq_half_swizzle(int64_t row) { return (row & 1) ? 16 : 0; }
+
+// Lane L holds elements 4L .. 4L + 3 of the block in e4; rec: the block's 384-byte record of activation
+// row `row`; meta: its 4 ints.
+__device__ __forceinline__ void warp_quantize_x24(const float (&e4)[4], int lane, int64_t row, uint8_t* rec,
+                                                  int32_t* meta) {
   float amax = fmaxf(fmaxf(fabsf(e4[0]), fabsf(e4[1])), fmaxf(fabsf(e4[2]), fabsf(e4[3])));
   const int E = x24_exponent(warp_max(amax));
   uint32_t plane[3] = {0, 0, 0};
@@ -51,8 +61,8 @@ __device__ __forceinline__ void warp_quantize_x24(const float (&e4)[4], int lane
     plane[1] |= static_cast<uint32_t>(d1 & 0xff) << (8 * e);
     plane[2] |= static_cast<uint32_t>(d2 & 0xff) << (8 * e);
   }
-  // Element k = 4L + e of the block sits at byte t*32 + (2j + h)*4 + e (k = 32j + 16h + 4t + e).
-  uint8_t* at = rec + (lane & 3) * 32 + ((lane >> 3) * 2 + ((lane >> 2) & 1)) * 4;
+  // Element k = 4L + e of the block sits at byte t*32 + ((2j + h)*4 ^ swizzle) + e (k = 32j + 16h + 4t + e).
+  uint8_t* at = rec + (lane & 3) * 32 + ((((lane >> 3) * 2 + ((lane >> 2) & 1)) * 4) ^ xq_half_swizzle(row));
 #pragma unroll
   for (int p = 0; p < 3; ++p) *reinterpret_cast<uint32_t*>(at + 128 * p) = plane[p];
   const int total = __reduce_add_sync(0xffffffffu, s);
