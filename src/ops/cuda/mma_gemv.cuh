@@ -139,7 +139,8 @@ __device__ __forceinline__ void mma_s8s8_k16(int (&d)[4], uint32_t a0, uint32_t 
       : "r"(a0), "r"(a1), "r"(b0), "r"(0));
 }
 
-// Stage layout: codes [4 tiles][kCodeBytes] | scales [4 tiles][kScaleBytes] | xq [mc][384 B] | meta [mc][4].
+// Stage layout: codes [4 tiles][kCodeBytes] | scales [4 tiles][kScaleBytes] | xq [mc][384 B] | meta [mc][4];
+// the ring steps by stage_stride_for(stage_bytes(mc)) (128-byte aligned, MmaArgs::stage_stride).
 template <class F>
 __host__ __device__ constexpr int stage_bytes(int mc) {
   return kTilesPerCta * (F::kCodeBytes + F::kScaleBytes) + mc * (kXqBytes + kXqMeta);
@@ -427,9 +428,11 @@ inline bool mma_one_row_map() {
 
 // Ring stages start on 128-byte boundaries: a stage of 7 or 1 activation rows (4976 / 2576 bytes for
 // PTQ1_0) otherwise starts mid-line, and every 512-byte cp.async of its weight codes costs ~10 shared
-// wavefronts instead of 4 (ncu, ffn_up at 7 rows: 50 % of the shared wavefronts excessive, 25 % at 8
-// rows, whose 5376-byte stages are aligned; 25.95 vs 22.91 us). DFLASH_CUDA_MM_STAGE_ALIGN=0 keeps the
-// unpadded stride, for comparison. Scheduling only: the bits are the same.
+// wavefronts instead of 4 (ncu, ffn_up alone at 7 rows: 50 % of the shared wavefronts excessive, 25.95
+// vs 22.91 us at 8 rows, whose 5376-byte stages are aligned; the 8-row kernel's own 25 % were the B
+// loads' bank conflicts, see xq_half_swizzle). The 27B decode step went 4.56-4.62 -> 4.11-4.12 ms
+// (RESULTS round 14). DFLASH_CUDA_MM_STAGE_ALIGN=0 keeps the unpadded stride, for comparison.
+// Scheduling only: the bits are the same.
 inline int stage_stride_for(int bytes) {
   static const bool align = env_flag("DFLASH_CUDA_MM_STAGE_ALIGN", true);
   return align ? (bytes + 127) / 128 * 128 : bytes;
