@@ -157,7 +157,8 @@ __global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const Recurre
     // The rows' inputs: every load of the thread is issued before its first shared-memory store (a loop
     // of load-then-store waits one L2 round trip per iteration: 4 at verify's 8 rows).
     constexpr int kThreads = kGroups * 32;
-    constexpr int kQkPer = (kStageRows * D + kThreads - 1) / kThreads, kVPer = (kStageRows * 32 + kThreads - 1) / kThreads;
+    constexpr int kQkPer = (kStageRows * D + kThreads - 1) / kThreads;
+    constexpr int kVPer = (kStageRows * 32 + kThreads - 1) / kThreads;
     float kt[kQkPer], qt[kQkPer], vt[kVPer];
 #pragma unroll
     for (int u = 0; u < kQkPer; ++u) {

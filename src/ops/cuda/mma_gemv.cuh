@@ -9,9 +9,9 @@
 // largest |x| in [32, 64), so |u| < 2^22 and the rounding error is <= 2^-23 of the block's largest |x|
 // (fp32 level). u is split into three signed bytes, u = 65536 u0 + 256 u1 + u2 (the digit planes),
 // stored in mma B-fragment order (lane-quad position t's 8 words: word 2j + h holds the bytes
-// k = 32 j + 16 h + 4 t + e, e = 0..3; words 0-3 and 4-7 swapped in odd rows, xq_half_swizzle), with meta (S, 2^(E-16), 0, 0): the digit sum S = sum u and the
-// scale; records and meta are block-major ([nblk][M], xq_record.cuh), so a CTA's rows of one block are
-// one contiguous run.
+// k = 32 j + 16 h + 4 t + e, e = 0..3; words 0-3 and 4-7 swapped in odd rows, xq_half_swizzle), with
+// meta (S, 2^(E-16), 0, 0): the digit sum S = sum u and the scale; records and meta are block-major
+// ([nblk][M], xq_record.cuh), so a CTA's rows of one block are one contiguous run.
 // Integer products of weight codes and digits are exact and order-free; a format's block_compute
 // turns them into floats in a fixed order per (weight row, activation row), so nothing depends on M.
 //
@@ -122,7 +122,7 @@ struct MmaArgs {
   int64_t M;
   int nblk, ks;
   int kb[9];  // the k split's block boundaries: CTA z takes blocks kb[z] .. kb[z + 1] (no division on the device)
-  int stage_stride;  // bytes from one ring stage to the next: stage_stride_for(stage_bytes(mc))
+  int stage_stride;  // bytes from one ring stage to the next: ring_stride<F>(mc)
 };
 
 // d = a . b + c on m16n8k32, A unsigned bytes (weight codes), B signed bytes (activation digits).
@@ -140,7 +140,7 @@ __device__ __forceinline__ void mma_s8s8_k16(int (&d)[4], uint32_t a0, uint32_t 
 }
 
 // Stage layout: codes [4 tiles][kCodeBytes] | scales [4 tiles][kScaleBytes] | xq [mc][384 B] | meta [mc][4];
-// the ring steps by stage_stride_for(stage_bytes(mc)) (128-byte aligned, MmaArgs::stage_stride).
+// the ring steps by ring_stride<F>(mc) (128-byte aligned, MmaArgs::stage_stride).
 template <class F>
 __host__ __device__ constexpr int stage_bytes(int mc) {
   return kTilesPerCta * (F::kCodeBytes + F::kScaleBytes) + mc * (kXqBytes + kXqMeta);
@@ -437,6 +437,11 @@ inline int stage_stride_for(int bytes) {
   static const bool align = env_flag("DFLASH_CUDA_MM_STAGE_ALIGN", true);
   return align ? (bytes + 127) / 128 * 128 : bytes;
 }
+// The ring stride of format F with mc activation rows staged.
+template <class F>
+inline int ring_stride(int mc) {
+  return stage_stride_for(stage_bytes<F>(mc));
+}
 
 inline int mma_splits_for(int64_t ctas, int64_t in, int num_sms, int ctas_per_sm, int warps) {
   const int64_t nblk = in / 128;
@@ -483,11 +488,11 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     };
-    setup(mm_mma_kernel<F, SN, 1>, F::kWarps * SN * stage_stride_for(stage_bytes<F>(1)));
-    setup(mm_mma_kernel<F, SN, 2>, F::kWarps * SN * stage_stride_for(stage_bytes<F>(2)));
-    setup(mm_mma_kernel<F, SN, 4>, F::kWarps * SN * stage_stride_for(stage_bytes<F>(4)));
-    setup(mm_mma_kernel<F, SW, 8>, F::kWarps * SW * stage_stride_for(stage_bytes<F>(kCols)));
-    if constexpr (SW2 != SW) setup(mm_mma_kernel<F, SW2, 8>, F::kWarps * SW2 * stage_stride_for(stage_bytes<F>(kCols)));
+    setup(mm_mma_kernel<F, SN, 1>, F::kWarps * SN * ring_stride<F>(1));
+    setup(mm_mma_kernel<F, SN, 2>, F::kWarps * SN * ring_stride<F>(2));
+    setup(mm_mma_kernel<F, SN, 4>, F::kWarps * SN * ring_stride<F>(4));
+    setup(mm_mma_kernel<F, SW, 8>, F::kWarps * SW * ring_stride<F>(kCols));
+    if constexpr (SW2 != SW) setup(mm_mma_kernel<F, SW2, 8>, F::kWarps * SW2 * ring_stride<F>(kCols));
     attr_set = true;
   }
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRowsPerLaunch) {
@@ -502,7 +507,7 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
     a.meta = meta;
     const int64_t gy = (a.M + kCols - 1) / kCols;
     const int mc = static_cast<int>(std::min<int64_t>(a.M, kCols));  // rows staged: the largest tile's
-    a.stage_stride = stage_stride_for(stage_bytes<F>(mc));
+    a.stage_stride = ring_stride<F>(mc);
     const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(a.ks));
     const dim3 block(F::kWarps * 32), cluster(1, 1, grid.z);
     // R (rows per plane group) from the widest tile, and the ring depth: scheduling and column
