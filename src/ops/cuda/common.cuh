@@ -114,9 +114,11 @@ inline unsigned ceil_div_u(int64_t a, int64_t b) { return static_cast<unsigned>(
 // correctness does not depend on the signal; only how early the next weights stream does. Without it the
 // next grid starts as this one's last CTAs exit (only the launch latency is hidden). Measured on the
 // H200 (27B PTQ1_0): signalling in every kernel took decode from 6.11 to 5.88 ms but verify (8 rows) from
-// 10.39 to 10.61 ms (round 6). The integer-mma matmul and its activation quantizer therefore signal only
-// at one row (trigger = rows == 1); every other kernel always does (round 8: the small kernels signalling
-// at 8 rows too made verify 9.07 -> 8.97 ms and the draft step 1.29 -> 1.31 ms, decode unchanged).
+// 10.39 to 10.61 ms (round 6). The integer-mma matmul and its activation quantizer therefore signalled only
+// at one row; every other kernel always does (round 8: the small kernels signalling at 8 rows too made
+// verify 9.07 -> 8.97 ms and the draft step 1.29 -> 1.31 ms, decode unchanged). Round 15 measured the
+// matmul signalling at up to 8 rows faster again (mma_signals in mma_gemv.cuh); the quantizer still
+// signals at one row only.
 __device__ __forceinline__ void pdl_wait(bool trigger = true) {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   if (trigger) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

@@ -137,7 +137,7 @@ struct Q4kFmt {
   static constexpr int kCodeBytes = 1024, kScaleBytes = 192;
   // Rings: 2 stages of 5.7 KB (decode) / 8.1 KB (8 rows) per warp; 3 CTAs per SM.
   static constexpr int kWarps = 4, kMinBlocks = 3, kWave = 3;
-  static constexpr int kStagesNarrow = 2, kStagesWide = 2, kStagesWideAlt = 2;
+  static constexpr int kStagesOneRow = 2, kStagesNarrow = 2, kStagesWide = 2, kStagesWideAlt = 2;
 
   template <int R>
   static __device__ __forceinline__ void block_compute(const uint8_t* stage, int mc, int g, int t,
@@ -203,7 +203,7 @@ struct Q6kFmt {
   static constexpr int kCodeBytes = 2048, kScaleBytes = 192;
   // Rings: 2 stages of 9.8 KB (decode) / 12.2 KB (8 rows) per warp; 2 CTAs per SM.
   static constexpr int kWarps = 4, kMinBlocks = 2, kWave = 2;
-  static constexpr int kStagesNarrow = 2, kStagesWide = 2, kStagesWideAlt = 2;
+  static constexpr int kStagesOneRow = 2, kStagesNarrow = 2, kStagesWide = 2, kStagesWideAlt = 2;
 
   template <int R>
   static __device__ __forceinline__ void block_compute(const uint8_t* stage, int mc, int g, int t,

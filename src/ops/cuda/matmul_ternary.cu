@@ -108,7 +108,9 @@ struct TernaryFmt {
   // (ffn_up 15.8 -> 13.0 us at 6) but slower in the decode step (6.05 -> 6.2 ms: bigger rings leave no
   // room for the next kernel's early CTAs); at 8 rows 3 stages made the verify step faster (S7-4, A/B on
   // one machine with DFLASH_CUDA_WIDE_STAGES_ALT=1: 9.15, 9.07 vs 9.63, 9.39 ms).
-  static constexpr int kStagesNarrow = 4, kStagesWide = 3, kStagesWideAlt = 2;
+  // At one row 3 stages since the aligned ring (S15-1 / S15-2, decode 4.13-4.17 -> 4.08-4.13 ms, 4 stages
+  // with DFLASH_CUDA_MM_ONE_ROW_RING=0; 5 and 6 slower in the step, 6 faster alone: ffn_up 12.3 -> 9.5 us).
+  static constexpr int kStagesOneRow = 3, kStagesNarrow = 4, kStagesWide = 3, kStagesWideAlt = 2;
 
   // One staged block for the CTA's tiles: acc[i][jj] += d 2^(E-16) * v for the lane's owned (weight
   // row, activation row) pairs (d2d3 rows g, g + 8 x d0d1 columns 2t, 2t + 1). Straight-line code over

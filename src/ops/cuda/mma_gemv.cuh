@@ -42,6 +42,8 @@
 //   kWarps                   warps per CTA (they split the CTA's k-range block by block)
 //   kMinBlocks               CTAs per SM for __launch_bounds__ (caps the registers)
 //   kWave                    CTAs per SM the k split aims at (one wave; what its shared-memory ring allows)
+//   kStagesOneRow            ring depth at one activation row (the decode step; DFLASH_CUDA_MM_ONE_ROW_RING=0
+//                            takes kStagesNarrow instead, for comparison)
 //   kStagesNarrow, kStagesWide   ring depth up to 4 activation rows, and beyond (kStagesWideAlt: another
 //                            depth for 5-8 rows, chosen at run time by DFLASH_CUDA_WIDE_STAGES_ALT=1)
 //   block_compute<R>(stage, mc, g, t, lc, acc)   one staged block: acc[i][jj] += the block's part of
@@ -123,6 +125,7 @@ struct MmaArgs {
   int nblk, ks;
   int kb[9];  // the k split's block boundaries: CTA z takes blocks kb[z] .. kb[z + 1] (no division on the device)
   int stage_stride;  // bytes from one ring stage to the next: ring_stride<F>(mc)
+  bool signal;       // let the next kernel's CTAs launch once every CTA is past its wait (mma_signals)
 };
 
 // d = a . b + c on m16n8k32, A unsigned bytes (weight codes), B signed bytes (activation digits).
@@ -315,7 +318,7 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q)
     if (q < nj) issue_weights<F>(src, static_cast<int64_t>(q) * F::kWarps, lane, ring + q * sb);
-  pdl_wait(a.M == 1);
+  pdl_wait(a.signal);
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q) {
     if (q < nj) issue_acts<F, R>(src, static_cast<int64_t>(q) * F::kWarps, static_cast<uint32_t>(a.M), mc, lane, ring + q * sb);
@@ -419,6 +422,24 @@ inline bool mma_wide_alt() {
   return v;
 }
 
+// Whether a launch of M activation rows signals launch_dependents (common.cuh): at up to kCols rows, one
+// row tile. Round 6 had measured signalling at 8 rows slower (verify 10.39 -> 10.61 ms) and only one row
+// signalled since; after the aligned ring stages and swizzled records the 8-row kernels leave room for the
+// next kernel's early CTAs: verify 6.67-6.74 -> 6.47-6.56 ms, the draft step 1.103-1.109 -> 1.059-1.062 ms,
+// decode unchanged (S15-2, alternating on one H200). DFLASH_CUDA_MM_SIGNAL_ROWS=1 restores the old rule.
+// Scheduling only: the bits are the same.
+inline bool mma_signals(int64_t M) {
+  static const int rows = env_int("DFLASH_CUDA_MM_SIGNAL_ROWS", kCols);
+  return M <= rows;
+}
+
+// Ring depth at one activation row: F::kStagesOneRow, or F::kStagesNarrow with
+// DFLASH_CUDA_MM_ONE_ROW_RING=0 (for comparison).
+inline bool mma_one_row_ring() {
+  static const bool v = env_flag("DFLASH_CUDA_MM_ONE_ROW_RING", true);
+  return v;
+}
+
 // DFLASH_CUDA_MM_ONE_ROW_MAP=0: one activation row takes R = 2's column map (two rows' columns, one
 // empty) instead of R = 1's, for comparison; the bits are the same.
 inline bool mma_one_row_map() {
@@ -481,14 +502,15 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
   }
   a.ks = mma_splits_for(gx, in, num_sms, mma_ctas_per_sm(F::kWave), F::kWarps);
   for (int z = 0; z <= a.ks; ++z) a.kb[z] = static_cast<int>(static_cast<int64_t>(a.nblk) * z / a.ks);
-  constexpr int SN = F::kStagesNarrow, SW = F::kStagesWide, SW2 = F::kStagesWideAlt;
+  constexpr int S1 = F::kStagesOneRow, SN = F::kStagesNarrow, SW = F::kStagesWide, SW2 = F::kStagesWideAlt;
   static bool attr_set = false;
   if (!attr_set) {  // rings above the 48 KB default; the largest shared-memory carveout
     const auto setup = [](auto kernel, int bytes) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     };
-    setup(mm_mma_kernel<F, SN, 1>, F::kWarps * SN * ring_stride<F>(1));
+    setup(mm_mma_kernel<F, S1, 1>, F::kWarps * S1 * ring_stride<F>(1));
+    if constexpr (S1 != SN) setup(mm_mma_kernel<F, SN, 1>, F::kWarps * SN * ring_stride<F>(1));
     setup(mm_mma_kernel<F, SN, 2>, F::kWarps * SN * ring_stride<F>(2));
     setup(mm_mma_kernel<F, SN, 4>, F::kWarps * SN * ring_stride<F>(4));
     setup(mm_mma_kernel<F, SW, 8>, F::kWarps * SW * ring_stride<F>(kCols));
@@ -508,11 +530,15 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
     const int64_t gy = (a.M + kCols - 1) / kCols;
     const int mc = static_cast<int>(std::min<int64_t>(a.M, kCols));  // rows staged: the largest tile's
     a.stage_stride = ring_stride<F>(mc);
+    a.signal = mma_signals(a.M);
     const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(a.ks));
     const dim3 block(F::kWarps * 32), cluster(1, 1, grid.z);
     // R (rows per plane group) from the widest tile, and the ring depth: scheduling and column
     // placement only, the arithmetic of a row is the same.
-    if (mc == 1 && mma_one_row_map())
+    if (mc == 1 && mma_one_row_map() && (S1 == SN || mma_one_row_ring()))
+      (void)launch_ex(mm_mma_kernel<F, S1, 1>, grid, block, F::kWarps * S1 * a.stage_stride, s, cluster,
+                      pdl_enabled(), a);
+    else if (mc == 1 && mma_one_row_map())
       (void)launch_ex(mm_mma_kernel<F, SN, 1>, grid, block, F::kWarps * SN * a.stage_stride, s, cluster,
                       pdl_enabled(), a);
     else if (mc <= 2)
