@@ -278,8 +278,9 @@ __device__ __forceinline__ constexpr bool row_col_used(int jj) {
 template <class F, int kStages, int R>
 __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(const MmaArgs a) {
   // The ring stages are 128-byte aligned from the start of dynamic shared memory (stage_stride_for). A
-  // static __shared__ variable here would come first and shift the ring off that alignment (S15-7: one
-  // 4-byte flag made every matmul slower, decode 4.12 -> 4.87 ms); the declared alignment keeps the base.
+  // static __shared__ variable here would come first and shift the ring off that alignment (S15-7: a build
+  // with one 4-byte flag here was slower in every matmul, decode 4.12 -> 4.87 ms, most likely for that
+  // reason); the declared alignment keeps the base aligned whatever is added.
   extern __shared__ __align__(128) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   // This CTA's weight (part) and its first tile in that weight.
