@@ -452,7 +452,7 @@ int main(int argc, char** argv) {
         be->upload(perm, hperm.data(), 6144 * 4);
         const Backend::Rotation rot{signs, nullptr, 1024}, rot_perm{signs, perm, 1024};
         row("residual_norm_rotate", "1x5120 (+res, block 1024)",
-            [&] { be->residual_norm_rotate(xr, y, w, n, z, rot, 1, E, 1e-6f); });
+            [&] { be->residual_norm_rotate(xr, y, 1, w, n, z, rot, 1, E, 1e-6f); });
         row("swiglu_rotate", "1x17408 (block 1024)", [&] { be->swiglu_rotate(x, y, z, rot, 1, 17408); });
         row("gated_norm_rotate", "1x6144, heads of 128, perm", [&] {
           be->gated_norm_rotate(x, w, y, z, rot_perm, 1, 6144, 128, 1e-6f);

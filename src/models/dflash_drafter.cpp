@@ -268,7 +268,8 @@ void DFlashDrafter::allocate() {
   x_ = static_cast<float*>(alloc(sizeof(float) * B * E));
   n_ = static_cast<float*>(alloc(sizeof(float) * B * E));
   u_ = static_cast<float*>(alloc(sizeof(float) * B * E));
-  o_ = static_cast<float*>(alloc(sizeof(float) * B * E));
+  // o_: the attention / FFN output, or its matmul_parts parts (the conv reads them)
+  o_ = static_cast<float*>(alloc(sizeof(float) * Backend::kMaxMatmulParts * B * E));
   dyn_ = static_cast<float*>(alloc(sizeof(float) * B * std::max<int64_t>(cfg_.conv_proj_out(), 1)));
   q_ = static_cast<float*>(alloc(sizeof(float) * B * qw));
   attn_ = static_cast<float*>(alloc(sizeof(float) * B * qw));
@@ -519,7 +520,7 @@ void DFlashDrafter::draft_ops() {
   for (Layer& w : layers_) {
     // ---- attention
     // the norm (CUDA: with the next matmul's activation quantization in the same kernel)
-    be_.residual_norm_rotate(x_, nullptr, w.attn_norm, n_, nullptr, {}, B, E, cfg_.rms_eps);
+    be_.residual_norm_rotate(x_, nullptr, 1, w.attn_norm, n_, nullptr, {}, B, E, cfg_.rms_eps);
     const float* ain = n_;
     if (K > 0) {
       be_.matmul(w.attn_conv_proj, n_, dyn_, B);  // [B, 2 stages, K, G]
@@ -533,13 +534,15 @@ void DFlashDrafter::draft_ops() {
     // graph every draft)
     be_.attention_prep(kv_prep(w, H, d_slot_, B));
     be_.attention(q_, w.k, w.v, d_range_, attn_, B, H, Hkv, hd, scale);
-    be_.matmul(w.wo, attn_, o_, B);
-    if (K > 0)
-      be_.dflash_conv(o_, w.attn_conv_base + K * E, dyn_ + K * G, P2, x_, x_, B, E, K, cfg_.conv_group);
-    else
+    if (K > 0) {  // the conv reads the output (as matmul_parts' parts) and adds the residual
+      const int parts = be_.matmul_parts(w.wo, attn_, o_, B, Backend::kMaxMatmulParts * B);
+      be_.dflash_conv_parts(o_, parts, w.attn_conv_base + K * E, dyn_ + K * G, P2, x_, x_, B, E, K, cfg_.conv_group);
+    } else {
+      be_.matmul(w.wo, attn_, o_, B);
       be_.add(x_, o_, x_, B * E);
+    }
     // ---- MLP
-    be_.residual_norm_rotate(x_, nullptr, w.ffn_norm, n_, nullptr, {}, B, E, cfg_.rms_eps);
+    be_.residual_norm_rotate(x_, nullptr, 1, w.ffn_norm, n_, nullptr, {}, B, E, cfg_.rms_eps);
     const float* fin = n_;
     if (K > 0) {
       be_.matmul(w.ffn_conv_proj, n_, dyn_, B);
@@ -549,11 +552,13 @@ void DFlashDrafter::draft_ops() {
     const Backend::MatmulOut gate_up[] = {{&w.ffn_gate, gate_}, {&w.ffn_up, up_}};
     be_.matmul_group(gate_up, fin, B);
     be_.swiglu_rotate(gate_, up_, act_, {}, B, cfg_.n_ff);
-    be_.matmul(w.ffn_down, act_, o_, B);
-    if (K > 0)
-      be_.dflash_conv(o_, w.ffn_conv_base + K * E, dyn_ + K * G, P2, x_, x_, B, E, K, cfg_.conv_group);
-    else
+    if (K > 0) {
+      const int parts = be_.matmul_parts(w.ffn_down, act_, o_, B, Backend::kMaxMatmulParts * B);
+      be_.dflash_conv_parts(o_, parts, w.ffn_conv_base + K * E, dyn_ + K * G, P2, x_, x_, B, E, K, cfg_.conv_group);
+    } else {
+      be_.matmul(w.ffn_down, act_, o_, B);
       be_.add(x_, o_, x_, B * E);
+    }
   }
   be_.rms_norm(x_, out_norm_, n_, B, E, cfg_.rms_eps);  // h [B, E]
   const float* h1 = n_ + E;                              // rows 1..B-1 predict the block's tokens

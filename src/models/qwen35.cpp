@@ -180,24 +180,29 @@ class Qwen35Model final : public TargetModel {
   const float* rotated(const float* x, int64_t M, int64_t in, bool rotate, float* scratch, const int32_t* perm = nullptr);
   // The rotation of a matmul input of width `in` (block 0 when not rotated).
   Backend::Rotation rotation(int64_t in, bool rotate, const int32_t* perm = nullptr) const;
-  // x_ += res (when res), n_ = rms_norm(x_) * norm; returns the matmul input: rot_ (rotated) or n_.
-  const float* norm_input(const float* res, const float* norm, bool rotate, int64_t M);
-  // n: the normed block input; nin: the same rotated for the block's input matmuls (or n).
-  void attention_block(int il, const float* nin, float* y, int64_t M);
-  void gdn_block(int il, const float* n, const float* nin, float* y, int64_t M, bool undoable);
-  void ffn_block(int il, const float* nin, float* y, int64_t M);
+  // x_ += res (when res; res_parts: the parts of a block output, mm_residual), n_ = rms_norm(x_) * norm;
+  // returns the matmul input: rot_ (rotated) or n_.
+  const float* norm_input(float* res, int res_parts, const float* norm, bool rotate, int64_t M);
+  // n: the normed block input; nin: the same rotated for the block's input matmuls (or n). Each block
+  // writes its output to y (y_: max_rows_ rows) and returns its parts (mm_residual).
+  int attention_block(int il, const float* nin, float* y, int64_t M);
+  int gdn_block(int il, const float* n, const float* nin, float* y, int64_t M, bool undoable);
+  int ffn_block(int il, const float* nin, float* y, int64_t M);
   // The ops of one forward after its inputs are uploaded: embedding .. argmax (no host waits).
   void forward_ops(int64_t M, const ForwardOptions& opts, int64_t first_logit_row);
   void check_forward(int64_t M, const ForwardOptions& opts) const;
   // The forward of the M ids in d_ids_: positions and key ranges, the ops (a graph for decode and
   // verify shapes), then the downloads `opts` asks for (with the ids too when tokens_back).
   ForwardResult run_forward(int64_t M, const ForwardOptions& opts, bool tokens_back);
-  // y = x . w^T, through the prefill kernel during a long non-undoable chunk.
-  void mm(const WeightRef& w, const float* x, float* y, int64_t M) {
-    if (prefill_chunk_)
+  // A block's output y = x . w^T (through the prefill kernel during a long non-undoable chunk). Only the
+  // next residual op reads it, so the backend may leave it as partial products (Backend::matmul_parts;
+  // the residual op adds them in order: the same bits). y is y_ (y_rows_ rows). Returns the parts.
+  int mm_residual(const WeightRef& w, const float* x, float* y, int64_t M) {
+    if (prefill_chunk_) {
       be_.matmul_prefill(w, x, y, M);
-    else
-      be_.matmul(w, x, y, M);
+      return 1;
+    }
+    return be_.matmul_parts(w, x, y, M, y_rows_);
   }
   // The matmuls that share the input x (one launch on CUDA), through the prefill kernel during a long
   // non-undoable chunk.
@@ -215,6 +220,7 @@ class Qwen35Model final : public TargetModel {
   bool prefill_chunk_ = false;
   TargetConfig cfg_;
   int64_t n_ctx_ = 0, max_rows_ = 0, max_undo_rows_ = 0;
+  int64_t y_rows_ = 0;  // rows of y_ (>= max_rows_: room for matmul_parts' parts)
   std::vector<int64_t> taps_;
 
   // global weights
@@ -391,7 +397,10 @@ void Qwen35Model::allocate_state() {
   d_kv_range_ = alloc<int32_t>(2 * R);
   x_ = alloc<float>(R * E);
   n_ = alloc<float>(R * E);
-  y_ = alloc<float>(R * E);
+  // y_ holds a block output, or its matmul_parts parts: room for the most parts of a decode or verify
+  // forward (up to max_undo_rows_ rows; longer forwards get fewer parts, or one).
+  y_rows_ = std::max(R, Backend::kMaxMatmulParts * std::min(R, std::max<int64_t>(max_undo_rows_, 1)));
+  y_ = alloc<float>(y_rows_ * E);
   rot_ = alloc<float>(R * widest);
   rot2_ = alloc<float>(R * widest);
   big0_ = alloc<float>(R * widest);
@@ -429,8 +438,9 @@ Backend::Rotation Qwen35Model::rotation(int64_t in, bool rotate, const int32_t* 
   return r;
 }
 
-const float* Qwen35Model::norm_input(const float* res, const float* norm, bool rotate, int64_t M) {
-  be_.residual_norm_rotate(x_, res, norm, n_, rot_, rotation(cfg_.n_embd, rotate), M, cfg_.n_embd, cfg_.rms_eps);
+const float* Qwen35Model::norm_input(float* res, int res_parts, const float* norm, bool rotate, int64_t M) {
+  be_.residual_norm_rotate(x_, res, res_parts, norm, n_, rot_, rotation(cfg_.n_embd, rotate), M, cfg_.n_embd,
+                           cfg_.rms_eps);
   return rotate ? rot_ : n_;
 }
 
@@ -448,7 +458,7 @@ void Qwen35Model::lm_head(const float* h, float* logits, int64_t M) {
   }
 }
 
-void Qwen35Model::attention_block(int il, const float* nin, float* y, int64_t M) {
+int Qwen35Model::attention_block(int il, const float* nin, float* y, int64_t M) {
   const LayerWeights& w = layers_[il];
   LayerState& s = state_[il];
   const int64_t hd = cfg_.head_dim, H = cfg_.n_head, Hkv = cfg_.n_head_kv;
@@ -494,10 +504,10 @@ void Qwen35Model::attention_block(int il, const float* nin, float* y, int64_t M)
   } else {
     oin = rotated(attn_, M, q_width(), w.rot_attn_out, rot_);
   }
-  mm(w.wo, oin, y, M);
+  return mm_residual(w.wo, oin, y, M);
 }
 
-void Qwen35Model::gdn_block(int il, const float* n, const float* nin, float* y, int64_t M, bool undoable) {
+int Qwen35Model::gdn_block(int il, const float* n, const float* nin, float* y, int64_t M, bool undoable) {
   const LayerWeights& w = layers_[il];
   LayerState& s = state_[il];
   const int64_t Hk = cfg_.ssm_k_heads, Hv = cfg_.ssm_v_heads, dk = cfg_.ssm_head_k, dv = cfg_.ssm_head_v();
@@ -531,15 +541,15 @@ void Qwen35Model::gdn_block(int il, const float* n, const float* nin, float* y, 
   float* oin = w.rot_attn_out ? rot_ : attn_;
   be_.gated_norm_rotate(attn_, w.ssm_norm, gate_, oin, rotation(cfg_.ssm_inner, w.rot_attn_out, ssm_out_perm_), M,
                         Hv * dv, dv, cfg_.rms_eps);
-  mm(w.w_ssm_out, oin, y, M);
+  return mm_residual(w.w_ssm_out, oin, y, M);
 }
 
-void Qwen35Model::ffn_block(int il, const float* nin, float* y, int64_t M) {
+int Qwen35Model::ffn_block(int il, const float* nin, float* y, int64_t M) {
   const LayerWeights& w = layers_[il];
   mm_group({{&w.ffn_gate, big0_}, {&w.ffn_up, big1_}}, nin, M);
   float* din = w.rot_ffn_down ? rot_ : big2_;
   be_.swiglu_rotate(big0_, big1_, din, rotation(cfg_.n_ff, w.rot_ffn_down), M, cfg_.n_ff);
-  mm(w.ffn_down, din, y, M);
+  return mm_residual(w.ffn_down, din, y, M);
 }
 
 void Qwen35Model::forward_ops(int64_t M, const ForwardOptions& opts, int64_t first) {
@@ -552,21 +562,23 @@ void Qwen35Model::forward_ops(int64_t M, const ForwardOptions& opts, int64_t fir
       if (taps_[t] == layer_input) be_.copy_rows(taps_buf_ + t * E, n_taps * E, x_, E, M, E);
   };
 
-  // Each block's output y_ joins the residual x_ in the next norm (residual_norm_rotate).
-  const float* res = nullptr;
+  // Each block's output y_ (res_parts parts: mm_residual) joins the residual x_ in the next norm
+  // (residual_norm_rotate).
+  float* res = nullptr;
+  int res_parts = 1;
   for (int64_t il = 0; il < cfg_.n_layer; ++il) {
     const LayerWeights& w = layers_[il];
-    const float* nin = norm_input(res, w.attn_norm, w.rot_attn_in, M);
+    const float* nin = norm_input(res, res_parts, w.attn_norm, w.rot_attn_in, M);
     capture_taps(il);  // x_ is layer il's input now
-    if (w.attention)
-      attention_block(il, nin, y_, M);
-    else
-      gdn_block(il, n_, nin, y_, M, opts.undoable);
-    nin = norm_input(y_, w.post_attn_norm, w.rot_ffn_in, M);
-    ffn_block(il, nin, y_, M);
+    const int parts = w.attention ? attention_block(il, nin, y_, M) : gdn_block(il, n_, nin, y_, M, opts.undoable);
+    nin = norm_input(y_, parts, w.post_attn_norm, w.rot_ffn_in, M);
+    res_parts = ffn_block(il, nin, y_, M);
     res = y_;
   }
-  if (res) be_.add(x_, res, x_, M * E);
+  if (res) {
+    if (res_parts > 1) be_.sum_parts(res, res_parts, M * E);
+    be_.add(x_, res, x_, M * E);
+  }
   capture_taps(cfg_.n_layer);
   if (opts.logits != LogitRows::kNone) {
     const int64_t rows = M - first;

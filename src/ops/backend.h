@@ -99,6 +99,22 @@ class Backend {
   virtual void matmul_prefill_group(std::span<const MatmulOut> outs, const float* x, int64_t M) {
     for (const MatmulOut& o : outs) matmul_prefill(*o.w, x, o.y, M);
   }
+  // matmul() for a product that only a residual op reads (residual_norm_rotate's res, add_parts): y
+  // receives it whole (returns 1) or as `parts` partial products over a split of w.in, [parts][M][w.out]
+  // (part stride M * w.out floats), whose sum in part order, ((p0 + p1) + p2) + ..., has the bits of
+  // matmul()'s y; parts * M <= y_rows, the rows y holds. CUDA: the k-split matmul leaves its reduction
+  // to the norm kernel that reads the residual anyway (no cluster, no reduction step). Default: matmul().
+  static constexpr int kMaxMatmulParts = 8;  // the most parts any backend returns
+  virtual int matmul_parts(const WeightRef& w, const float* x, float* y, int64_t M, int64_t y_rows) {
+    (void)y_rows;
+    matmul(w, x, y, M);
+    return 1;
+  }
+  // parts[0 .. n) = ((p0 + p1) + p2) + ... of `count` parts [count][n] (matmul_parts' product, written
+  // over the first part). Default: add() in part order.
+  virtual void sum_parts(float* parts, int count, int64_t n) {
+    for (int p = 1; p < count; ++p) add(parts, parts + p * n, parts, n);
+  }
   // y[M, w.in] = rows ids[M] of w, dequantized (embedding lookup).
   virtual void get_rows(const WeightRef& w, const int32_t* ids, float* y, int64_t M) = 0;
 
@@ -150,9 +166,11 @@ class Backend {
     int64_t perm_group = 0;
   };
   // if res: x += res (x updated); n = rms_norm(x, w, eps); if rot: y = H(n), else y unused (may be
-  // null; the matmul input is n). x, n, y distinct.
-  virtual void residual_norm_rotate(float* x, const float* res, const float* w, float* n, float* y,
+  // null; the matmul input is n). x, n, y distinct. res_parts > 1: res holds matmul_parts' parts
+  // [res_parts][rows][dim] and the residual is their sum in part order (the parts may be overwritten).
+  virtual void residual_norm_rotate(float* x, float* res, int res_parts, const float* w, float* n, float* y,
                                     const Rotation& rot, int64_t rows, int64_t dim, float eps) {
+    if (res && res_parts > 1) sum_parts(res, res_parts, rows * dim);
     if (res) add(x, res, x, rows * dim);
     rms_norm(x, w, n, rows, dim, eps);
     if (rot.block > 0) hadamard(n, rot.signs, rot.perm, y, rows, dim, rot.block, /*inverse=*/false);
@@ -345,6 +363,13 @@ class Backend {
   //   res:  null, or a residual [M, C] added last (may alias y); x must not alias y.
   virtual void dflash_conv(const float* x, const float* base, const float* d, int64_t d_stride, const float* res,
                            float* y, int64_t M, int64_t C, int64_t K, int64_t group) = 0;
+  // dflash_conv of an x that matmul_parts wrote as x_parts parts [x_parts][M][C]: the conv reads their
+  // sum in part order (the parts may be overwritten). Default: sum_parts, then dflash_conv.
+  virtual void dflash_conv_parts(float* x, int x_parts, const float* base, const float* d, int64_t d_stride,
+                                 const float* res, float* y, int64_t M, int64_t C, int64_t K, int64_t group) {
+    if (x_parts > 1) sum_parts(x, x_parts, M * C);
+    dflash_conv(x, base, d, d_stride, res, y, M, C, K, group);
+  }
   // The DFlash 2 selector's greedy walk (SPEC 4.2 step 6) over codebook rows gathered beforehand
   // with get_rows, so that drafts never visit the host inside a speculative cycle (and the walk needs
   // no codebook type):

@@ -37,12 +37,15 @@ std::string temp_path(const std::string& name) {
   return (dir / name).string();
 }
 
-SynthTargetSpec tiny(const std::string& arch, GgmlType t, bool prism) {
+// wide: n_embd 1024, n_ff 2048 and the prism block of the Bonsai files (1024), so the CUDA step takes
+// the paths of the 27B shapes that need 1024-wide rows: the norm / SwiGLU chains and ffn_down's k split
+// left as parts for the residual norm (matmul_parts).
+SynthTargetSpec tiny(const std::string& arch, GgmlType t, bool prism, bool wide) {
   SynthTargetSpec s;
   s.arch = arch;
   s.n_layer = 4;
-  s.n_embd = 256;
-  s.n_ff = 512;
+  s.n_embd = wide ? 1024 : 256;
+  s.n_ff = wide ? 2048 : 512;
   s.n_vocab = 512;
   s.n_head = 4;
   s.n_head_kv = 2;
@@ -55,7 +58,7 @@ SynthTargetSpec tiny(const std::string& arch, GgmlType t, bool prism) {
   s.matmul_type = t;
   s.alpha_beta_type = t == GgmlType::F32 ? GgmlType::F32 : GgmlType::BF16;
   s.prism = prism;
-  s.prism_block = 128;
+  s.prism_block = wide ? 1024 : 128;
   s.seed = 7;
   return s;
 }
@@ -64,10 +67,11 @@ struct Case {
   const char* arch;
   GgmlType type;
   bool prism;
+  bool wide = false;
 };
 
 std::string case_name(const Case& c) {
-  return std::string(c.arch) + "_" + type_name(c.type) + (c.prism ? "_prism" : "");
+  return std::string(c.arch) + "_" + type_name(c.type) + (c.prism ? "_prism" : "") + (c.wide ? "_wide" : "");
 }
 
 struct Loaded {
@@ -111,7 +115,7 @@ class CudaModel : public ::testing::TestWithParam<Case> {
   std::string path() {
     const Case c = GetParam();
     const std::string p = temp_path(case_name(c) + ".gguf");
-    if (!fs::exists(p)) synth_target(tiny(c.arch, c.type, c.prism), p);
+    if (!fs::exists(p)) synth_target(tiny(c.arch, c.type, c.prism, c.wide), p);
     return p;
   }
 };
@@ -327,6 +331,7 @@ INSTANTIATE_TEST_SUITE_P(Tiny, CudaModel,
                          ::testing::Values(Case{"qwen35", GgmlType::F32, false}, Case{"qwen3", GgmlType::F32, false},
                                            Case{"qwen35", GgmlType::Q8_0, true},
                                            Case{"qwen35", GgmlType::PTQ1_0, true},
+                                           Case{"qwen35", GgmlType::PTQ1_0, true, true},
                                            Case{"qwen35", GgmlType::PQ2_0, true},
                                            Case{"qwen35", GgmlType::Q4_K, false}),
                          [](const auto& info) { return case_name(info.param); });

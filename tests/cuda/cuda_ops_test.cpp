@@ -241,7 +241,7 @@ std::vector<std::vector<float>> run_chain(Backend& be, const ChainCase& c, int64
   Backend::Rotation rot;
   if (c.block > 0) rot = {sg, c.perm ? pm.get_ptr() : nullptr, c.block, c.head_perm ? c.head_dim : 0};
   if (c.mode == 0) {
-    be.residual_norm_rotate(x, c.res ? r.get_ptr() : nullptr, wb, n, y, rot, M, c.dim, 1e-6f);
+    be.residual_norm_rotate(x, c.res ? r.get_ptr() : nullptr, 1, wb, n, y, rot, M, c.dim, 1e-6f);
     return {x.get(), n.get(), c.block > 0 ? y.get() : std::vector<float>()};
   }
   if (c.mode == 1) {
@@ -339,7 +339,7 @@ TEST(CudaOps, ChainQuantizationFeedsTheTernaryMatmul) {
       Buf<float> out_chain(gpu(), M * 320), out_fresh(gpu(), M * 320);  // before the chain: uploads drop the cache
       const Backend::Rotation rot{sg, c.head_perm ? pm.get_ptr() : nullptr, c.block, c.head_perm ? c.head_dim : 0};
       if (c.mode == 0)
-        gpu().residual_norm_rotate(x, c.res ? r.get_ptr() : nullptr, wb, n, y, rot, M, c.dim, 1e-6f);
+        gpu().residual_norm_rotate(x, c.res ? r.get_ptr() : nullptr, 1, wb, n, y, rot, M, c.dim, 1e-6f);
       else if (c.mode == 1)
         gpu().swiglu_rotate(x, r, y, rot, M, c.dim);
       else if (c.mode == 3)
@@ -386,7 +386,7 @@ TEST(CudaOps, PlainChainQuantizationFeedsTheMatmul) {
       Buf<float> out_chain(gpu(), M * 192), out_fresh(gpu(), M * 192);
       const Backend::Rotation none{};
       if (c.mode == 0)
-        gpu().residual_norm_rotate(x, nullptr, wb, n, nullptr, none, M, c.dim, 1e-6f);
+        gpu().residual_norm_rotate(x, nullptr, 1, wb, n, nullptr, none, M, c.dim, 1e-6f);
       else
         gpu().swiglu_rotate(x, r, y, none, M, c.dim);
       const float* in = c.mode == 0 ? n.get_ptr() : y.get_ptr();

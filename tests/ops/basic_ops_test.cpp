@@ -218,6 +218,57 @@ TEST(CpuElementwise, AddSwigluMulSigmoidCopyRows) {
   }
 }
 
+// matmul_parts / sum_parts / residual_norm_rotate / dflash_conv_parts with parts (the Backend defaults
+// the CPU keeps): the
+// parts are added in part order, ((p0 + p1) + p2) + ..., before the residual joins x. Values chosen so
+// that another order gives other bits (1e8 - 1e8 + 1 = 1, but 1e8 + (-1e8 + 1) = 0 in float).
+TEST(CpuResidualParts, PartsAreAddedInOrderBeforeTheResidual) {
+  std::mt19937 rng(41);
+  auto be = cpu();
+  const int64_t rows = 2, dim = 64, n = rows * dim;
+  std::vector<float> parts(3 * n);
+  for (int64_t i = 0; i < n; ++i) {
+    parts[i] = (i % 2 ? -1.0f : 1.0f) * 1e8f;
+    parts[n + i] = -parts[i];
+    parts[2 * n + i] = 1.0f + static_cast<float>(i % 5);
+  }
+  std::vector<float> folded(n);
+  for (int64_t i = 0; i < n; ++i) folded[i] = (parts[i] + parts[n + i]) + parts[2 * n + i];
+  ASSERT_NE(folded[0], parts[0] + (parts[n] + parts[2 * n]));  // the order matters for these values
+
+  std::vector<float> summed = parts;
+  be->sum_parts(summed.data(), 3, n);
+  EXPECT_TRUE(std::equal(folded.begin(), folded.end(), summed.begin())) << "sum_parts: not ((p0 + p1) + p2)";
+  EXPECT_TRUE(std::equal(parts.begin() + n, parts.end(), summed.begin() + n)) << "sum_parts wrote past the first part";
+
+  const auto x0 = random_vec(rng, n, -2, 2), w = random_vec(rng, dim, 0.5, 1.5);
+  std::vector<float> x_parts = x0, x_whole = x0, n_parts(n), n_whole(n), res = parts, res_whole = folded;
+  be->residual_norm_rotate(x_parts.data(), res.data(), 3, w.data(), n_parts.data(), nullptr, {}, rows, dim, 1e-6f);
+  be->residual_norm_rotate(x_whole.data(), res_whole.data(), 1, w.data(), n_whole.data(), nullptr, {}, rows, dim,
+                           1e-6f);
+  EXPECT_EQ(x_parts, x_whole);
+  EXPECT_EQ(n_parts, n_whole);
+
+  // dflash_conv_parts: the conv of the parts' sum (the drafter's residual; res aliasing y).
+  const int64_t K = 2, group = 4, G = dim / group, d_stride = K * G;
+  const auto base = random_vec(rng, K * dim, -1, 1), dc = random_vec(rng, rows * d_stride, -1, 1);
+  std::vector<float> conv_parts = x0, conv_whole = x0, cp = parts, cw = folded;
+  be->dflash_conv_parts(cp.data(), 3, base.data(), dc.data(), d_stride, conv_parts.data(), conv_parts.data(), rows,
+                        dim, K, group);
+  be->dflash_conv(cw.data(), base.data(), dc.data(), d_stride, conv_whole.data(), conv_whole.data(), rows, dim, K,
+                  group);
+  EXPECT_EQ(conv_parts, conv_whole);
+
+  // The CPU's matmul_parts is matmul: one part, the same bits.
+  std::vector<float> wf = random_vec(rng, 48 * 32, -1, 1), xm = random_vec(rng, 3 * 32, -1, 1);
+  const WeightRef wr = be->upload_weight(wf.data(), GgmlType::F32, 32, 48);
+  std::vector<float> y_parts(8 * 3 * 48, -7.0f), y(3 * 48);
+  EXPECT_EQ(be->matmul_parts(wr, xm.data(), y_parts.data(), 3, 8), 1);
+  be->matmul(wr, xm.data(), y.data(), 3);
+  EXPECT_TRUE(std::equal(y.begin(), y.end(), y_parts.begin()));
+  EXPECT_EQ(y_parts[3 * 48], -7.0f);  // nothing past the one part
+}
+
 // ---- Hadamard -------------------------------------------------------------------------------------
 
 double h_entry(int r, int c) { return (std::popcount(unsigned(r & c)) % 2 ? -1.0 : 1.0) / 32.0; }

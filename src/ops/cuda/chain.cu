@@ -40,7 +40,9 @@ struct ChainArgs {
   const int32_t* perm; // gated norm: null, or the rotation's gather (whole heads: perm[i] % head_dim == i % head_dim)
   int64_t head_dim;    // gated norm: the norm's group, a multiple of 32 dividing 1024
   float* x;            // norm: the residual stream [rows, dim] (x += res when res)
-  const float* res;    // norm: null or the residual [rows, dim]
+  const float* res;    // norm: null or the residual [rows, dim], as res_parts parts [res_parts][rows][dim]
+  int res_parts;       // norm: 1, or the parts of a matmul_parts product (added in part order, then to x)
+  int64_t res_stride;  // norm: floats from one part to the next (rows * dim)
   const float* w;      // norm: null or the weight [dim]
   float* n;            // norm: the normed row [rows, dim] (unrotated; other matmuls read it)
   const float* gate;   // swiglu: [rows, dim]
@@ -141,8 +143,15 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
   } else if constexpr (kMode == 0) {
     ld4(a.x + base + i0, v);
     if (a.res) {
-      float rv[4];
+      // The residual: matmul_parts' parts summed in part order, ((p0 + p1) + p2) + ..., the bits the
+      // matmul's own reduction would have stored.
+      float rv[4], pv[4];
       ld4(a.res + base + i0, rv);
+      for (int p = 1; p < a.res_parts; ++p) {
+        ld4(a.res + p * a.res_stride + base + i0, pv);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) rv[k] = rv[k] + pv[k];
+      }
 #pragma unroll
       for (int k = 0; k < 4; ++k) v[k] = v[k] + rv[k];
       st4(a.x + base + i0, v);
@@ -240,11 +249,12 @@ bool chain_supported(int64_t dim, int64_t block, bool norm) {
   return (block == kChunk || block == 0) && dim > 0 && dim % kChunk == 0 && (!norm || dim / kChunk <= 8);
 }
 
-void launch_norm_rotate_quantize(float* x, const float* res, const float* w, float* n, const float* signs, float* y,
-                                 void* xq, int64_t rows, int64_t dim, float eps, bool rotate, cudaStream_t s) {
+void launch_norm_rotate_quantize(float* x, const float* res, int res_parts, const float* w, float* n,
+                                 const float* signs, float* y, void* xq, int64_t rows, int64_t dim, float eps,
+                                 bool rotate, cudaStream_t s) {
   if (rows <= 0) return;
   ChainArgs a{};
-  a.x = x, a.res = res, a.w = w, a.n = n, a.signs = signs, a.y = rotate ? y : nullptr, a.dim = dim, a.eps = eps;
+  a.x = x, a.res = res, a.res_parts = res_parts, a.res_stride = rows * dim, a.w = w, a.n = n, a.signs = signs, a.y = rotate ? y : nullptr, a.dim = dim, a.eps = eps;
   a.rotate = rotate;
   a.xq = static_cast<uint8_t*>(xq);
   a.meta = xq_meta(a.xq, rows, dim);

@@ -83,6 +83,9 @@ class CudaBackend final : public Backend {
     sigmoid_chain_ = cuda::env_flag("DFLASH_CUDA_CHAIN_SIGMOID", true);
     // matmul_prefill_group as one tensor-core launch; =0: one launch per weight.
     prefill_group_ = cuda::env_flag("DFLASH_CUDA_PREFILL_GROUP", true);
+    // matmul_parts leaves the k split's partial sums to the residual's norm kernel; =0: the matmul adds
+    // them itself (a thread-block cluster), for comparison. The bits are the same.
+    mm_parts_ = cuda::env_flag("DFLASH_CUDA_MM_PARTS", true);
     skip_ = parse_skip();
   }
 
@@ -241,6 +244,23 @@ class CudaBackend final : public Backend {
     run_matmul(dw, x, y, M);
     after("matmul");
   }
+  int matmul_parts(const WeightRef& w, const float* x, float* y, int64_t M, int64_t y_rows) override {
+    const cuda::DevWeight dw = dev_weight(w, "matmul_parts");
+    if (skipped_matmul(&dw, 1)) return 1;
+    // Parts only where their reader adds them as it loads them: the norm chain (the target's residual)
+    // or dflash_conv (the drafter's), rows the norm chain takes (otherwise the residual op would need a
+    // sum_parts launch, slower than the matmul's own reduction).
+    const bool chained = chain_ && chain_plain_ && M <= 65535 && cuda::chain_supported(dw.out, 0, true);
+    const int max_parts =
+        mm_parts_ && chained && M > 0 ? static_cast<int>(std::min<int64_t>(kMaxMatmulParts, y_rows / M)) : 1;
+    const cuda::TernaryScratch need = cuda::matmul_scratch(dw, M);
+    cuda::TernaryBuffers buf = matmul_buffers(need, x, M, dw.in);
+    const int parts = cuda::launch_matmul_parts(dw, x, y, M, buf, num_sms_, max_parts, stream_);
+    if (need.xq_bytes) xq_ = XqKey{x, M, dw.in, buf.xq, true};
+    note_write(y, sizeof(float) * parts * M * dw.out);
+    after("matmul_parts");
+    return parts;
+  }
   int64_t prefill_rows() const override { return 512; }
   void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t M) override {
     // One launch when every weight is in one tensor-core layout (ternary, or K-quant of one type) with the
@@ -296,22 +316,25 @@ class CudaBackend final : public Backend {
   // (one warp quantizing its 1024-chunk's 8 blocks), SwiGLU inside the rotation's loads (32 silu per
   // lane: 8.4 us against 3.6), and the whole chain in one CTA per row. One row leaves those kernels a
   // few warps with long serial chains.
-  void residual_norm_rotate(float* x, const float* res, const float* w, float* n, float* y, const Rotation& rot,
+  void residual_norm_rotate(float* x, float* res, int res_parts, const float* w, float* n, float* y, const Rotation& rot,
                             int64_t rows, int64_t dim, float eps) override {
     if (skipped_chain()) return;
+    if (!res) res_parts = 1;
     if (use_chain(rot, rows) && cuda::chain_supported(dim, rot.block, true)) {
       // one kernel: (residual +) norm, rotation, and the next integer matmul's quantization of its input
       // (y, or n without rotation)
       const bool rotate = rot.block > 0;
       run_chain(rotate ? y : n, rows, dim, "residual_norm_rotate", [&](void* xq) {
-        cuda::launch_norm_rotate_quantize(x, res, w, n, rot.signs, y, xq, rows, dim, eps, rotate, stream_);
+        cuda::launch_norm_rotate_quantize(x, res, res_parts, w, n, rot.signs, y, xq, rows, dim, eps, rotate,
+                                          stream_);
       });
       return;
     }
     if (!res) {
-      Backend::residual_norm_rotate(x, res, w, n, y, rot, rows, dim, eps);
+      Backend::residual_norm_rotate(x, res, 1, w, n, y, rot, rows, dim, eps);
       return;
     }
+    if (res_parts > 1) sum_parts(res, res_parts, rows * dim);
     for_row_slices(rows, [&](int64_t r0, int64_t nr) {
       cuda::launch_rms_norm_residual(x + r0 * dim, res + r0 * dim, w, n + r0 * dim, nr, dim, eps, stream_);
     });
@@ -446,6 +469,11 @@ class CudaBackend final : public Backend {
   void add(const float* a, const float* b, float* y, int64_t n) override {
     cuda::launch_add(a, b, y, n, stream_);
     after("add");
+  }
+  void sum_parts(float* parts, int count, int64_t n) override {
+    cuda::launch_sum_parts(parts, count, n, stream_);
+    note_write(parts, sizeof(float) * n);
+    after("sum_parts");
   }
   void swiglu(const float* gate, const float* up, float* y, int64_t n) override {
     cuda::launch_swiglu(gate, up, y, n, stream_);
@@ -683,7 +711,22 @@ class CudaBackend final : public Backend {
       });
       return;
     }
-    cuda::launch_dflash_conv(x, base, d, d_stride, res, y, M, C, K, group, stream_);
+    cuda::launch_dflash_conv(x, 1, base, d, d_stride, res, y, M, C, K, group, stream_);
+    after("dflash_conv");
+  }
+  void dflash_conv_parts(float* x, int x_parts, const float* base, const float* d, int64_t d_stride, const float* res,
+                         float* y, int64_t M, int64_t C, int64_t K, int64_t group) override {
+    if (x_parts <= 1) {
+      dflash_conv(x, base, d, d_stride, res, y, M, C, K, group);
+      return;
+    }
+    DFLASH_CHECK(K >= 1 && group >= 1 && C % group == 0, "cuda dflash_conv: C {} not a multiple of group {} (K {})",
+                 C, group, K);
+    DFLASH_CHECK(x != y, "cuda dflash_conv: x must not alias y");
+    DFLASH_CHECK(d_stride >= K * (C / group), "cuda dflash_conv: coefficient row stride {} < K*G = {}", d_stride,
+                 K * (C / group));
+    DFLASH_CHECK(M <= 65535, "cuda dflash_conv: {} rows", M);
+    cuda::launch_dflash_conv(x, x_parts, base, d, d_stride, res, y, M, C, K, group, stream_);
     after("dflash_conv");
   }
   void selector_walk(const float* pred, const float* succ, const int32_t* cand, const float* unary, const float* g,
@@ -905,6 +948,7 @@ class CudaBackend final : public Backend {
   bool kquant_mma_ = true;
   bool fused_prep_ = true;
   bool split_group_ = true;
+  bool mm_parts_ = true;
   bool chain_plain_ = true;
   bool gated_chain_ = true;
   bool prefill_xq_ = false;

@@ -60,6 +60,11 @@ TernaryScratch matmul_scratch(const DevWeight& w, int64_t M);
 // num_sms: the device's multiprocessors (it sets the k split of a weight, never M).
 void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf, int num_sms,
                    cudaStream_t s);
+// Backend::matmul_parts: the integer-mma layouts whose k split is 2 .. max_parts write that many partial
+// products [parts][M][out] to y (y must hold max_parts * M * out floats), the sum of which in part
+// order has launch_matmul's bits; everything else is launch_matmul. Returns the parts written.
+int launch_matmul_parts(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf,
+                        int num_sms, int max_parts, cudaStream_t s);
 // Up to kTernaryMaxGroup weights in the file's block layout, of one type (F32, F16, BF16, Q8_0) and
 // input width, each with few outputs (the small-output k-split kernel: GDN alpha / beta), sharing x:
 // one launch, each output's bits as its own matmul. Returns false (nothing launched) otherwise.
@@ -97,10 +102,11 @@ TernaryScratch ternary_scratch(int64_t in, int64_t M);
 // device's SM count only, never of M, so a row's bits depend on the group, not on M; a weight in a
 // group may round differently than alone.
 constexpr int kTernaryMaxGroup = 4;
-void launch_matmul_ternary_group(const DevWeight* const* ws, float* const* ys, int n, const float* x,
-                                 int64_t M, const TernaryBuffers& buf, int num_sms, cudaStream_t s);
-void launch_matmul_ternary(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf,
-                           int num_sms, cudaStream_t s);
+// max_parts > 1 (one weight): the parts of launch_matmul_parts; returns the parts written.
+int launch_matmul_ternary_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
+                                const TernaryBuffers& buf, int num_sms, cudaStream_t s, int max_parts = 1);
+int launch_matmul_ternary(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf,
+                          int num_sms, cudaStream_t s, int max_parts = 1);
 void launch_get_rows_ternary(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s);
 // ---- Q4_K / Q6_K on tensor cores (matmul_kquant.cu) -----------------------------------------------------
 // True for the types and shapes the kKQuantMma layout takes (Q4_K, Q6_K with in % 256 == 0).
@@ -112,8 +118,9 @@ void launch_to_kquant_mma(const uint8_t* src, int type, uint8_t* codes, uint8_t*
                           cudaStream_t s);
 // Up to kTernaryMaxGroup kKQuantMma weights of ONE type sharing the input x (the same activation
 // scratch as the ternary kernel: ternary_scratch(in, M)); rows bit-identical to single-row calls.
-void launch_matmul_kquant_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
-                                const TernaryBuffers& buf, int num_sms, cudaStream_t s);
+// max_parts: as launch_matmul_ternary_group.
+int launch_matmul_kquant_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
+                               const TernaryBuffers& buf, int num_sms, cudaStream_t s, int max_parts = 1);
 void launch_get_rows_kquant(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s);
 
 // ---- norms and elementwise (norm.cu) --------------------------------------------------------------
@@ -122,6 +129,8 @@ void launch_l2_norm(const float* x, float* y, int64_t rows, int64_t n, float eps
 void launch_rms_norm_gated(const float* x, const float* w, const float* z, float* y, int64_t rows, int64_t n,
                            float eps, cudaStream_t s);
 void launch_add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s);
+// parts[0 .. n) = the sum of `count` parts [count][n] in part order (Backend::sum_parts).
+void launch_sum_parts(float* parts, int count, int64_t n, cudaStream_t s);
 void launch_swiglu(const float* g, const float* u, float* y, int64_t n, cudaStream_t s);
 void launch_mul_sigmoid(const float* x, const float* g, float* y, int64_t n, cudaStream_t s);
 // Device-to-device copy of `bytes` (non-overlapping) as a PDL kernel (Backend::copy).
@@ -134,8 +143,9 @@ void launch_gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm
                       cudaStream_t s);
 void launch_gdn_conv(const float* x, float* state, float* state_before, const float* w, float* y, int64_t M,
                      int64_t C, int64_t K, cudaStream_t s);
-void launch_dflash_conv(const float* x, const float* base, const float* d, int64_t d_stride, const float* res,
-                        float* y, int64_t M, int64_t C, int64_t K, int64_t group, cudaStream_t s);
+// x: x_parts parts [x_parts][M][C] summed in part order as they are read (Backend::dflash_conv_parts).
+void launch_dflash_conv(const float* x, int x_parts, const float* base, const float* d, int64_t d_stride,
+                        const float* res, float* y, int64_t M, int64_t C, int64_t K, int64_t group, cudaStream_t s);
 // dflash_conv without a residual that also writes the next integer matmul's activation records into xq
 // (null: y only): y's bits are launch_dflash_conv's. Needs C % 128 == 0, M <= 65535, y 16-byte aligned.
 bool dflash_conv_quantize_supported(int64_t C, int64_t M);
@@ -238,8 +248,11 @@ constexpr int64_t kTopKMax = 64;
 // The norm chain needs dim / 1024 <= 8 (one cluster per row). block: 1024 (rotate) or 0 (no rotation:
 // xq holds the quantization of n (norm) or y (swiglu); the norm chain then leaves y untouched).
 bool chain_supported(int64_t dim, int64_t block, bool norm);
-void launch_norm_rotate_quantize(float* x, const float* res, const float* w, float* n, const float* signs, float* y,
-                                 void* xq, int64_t rows, int64_t dim, float eps, bool rotate, cudaStream_t s);
+// res: null, or the residual as res_parts parts [res_parts][rows][dim] (Backend::matmul_parts), added
+// in part order.
+void launch_norm_rotate_quantize(float* x, const float* res, int res_parts, const float* w, float* n,
+                                 const float* signs, float* y, void* xq, int64_t rows, int64_t dim, float eps,
+                                 bool rotate, cudaStream_t s);
 void launch_swiglu_rotate_quantize(const float* gate, const float* up, const float* signs, float* y, void* xq,
                                    int64_t rows, int64_t dim, bool rotate, cudaStream_t s);
 // Backend::sigmoid_gate_rotate: y = x * sigmoid(gate), rotated (rotate) and quantized (xq not null).

@@ -804,6 +804,19 @@ TernaryScratch matmul_scratch(const DevWeight& w, int64_t M) {
                                                                             : TernaryScratch{};
 }
 
+int launch_matmul_parts(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf,
+                        int num_sms, int max_parts, cudaStream_t s) {
+  if (M <= 0 || w.out <= 0) return 1;
+  if (w.layout == Layout::kTernaryMma) return launch_matmul_ternary(w, x, y, M, buf, num_sms, s, max_parts);
+  if (w.layout == Layout::kKQuantMma) {
+    const DevWeight* one[1] = {&w};
+    float* const ys[1] = {y};
+    return launch_matmul_kquant_group(one, ys, 1, x, M, buf, num_sms, s, max_parts);
+  }
+  launch_matmul(w, x, y, M, buf, num_sms, s);
+  return 1;
+}
+
 void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf, int num_sms,
                    cudaStream_t s) {
   if (M <= 0 || w.out <= 0) return;

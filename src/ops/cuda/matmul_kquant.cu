@@ -309,12 +309,10 @@ void launch_to_kquant_mma(const uint8_t* src, int type, uint8_t* codes, uint8_t*
     launch_pdl(to_kquant_mma_kernel<false>, ceil_div_u(total, 128), 128, 0, s, src, codes, scales, out, nblk, total);
 }
 
-void launch_matmul_kquant_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
-                                const TernaryBuffers& buf, int num_sms, cudaStream_t s) {
-  if (ws[0]->type == 14)
-    launch_mma_group<Q6kFmt>(ws, ys, n, x, M, buf, num_sms, s);
-  else
-    launch_mma_group<Q4kFmt>(ws, ys, n, x, M, buf, num_sms, s);
+int launch_matmul_kquant_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
+                               const TernaryBuffers& buf, int num_sms, cudaStream_t s, int max_parts) {
+  if (ws[0]->type == 14) return launch_mma_group<Q6kFmt>(ws, ys, n, x, M, buf, num_sms, s, max_parts);
+  return launch_mma_group<Q4kFmt>(ws, ys, n, x, M, buf, num_sms, s, max_parts);
 }
 
 void launch_get_rows_kquant(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s) {

@@ -192,16 +192,16 @@ __global__ void get_rows_ternary_kernel(const uint32_t* __restrict__ codes, cons
 
 TernaryScratch ternary_scratch(int64_t in, int64_t M) { return TernaryScratch{mma_xq_bytes(in, M)}; }
 
-void launch_matmul_ternary_group(const DevWeight* const* ws, float* const* ys, int n, const float* x,
-                                 int64_t M, const TernaryBuffers& buf, int num_sms, cudaStream_t s) {
-  launch_mma_group<TernaryFmt>(ws, ys, n, x, M, buf, num_sms, s);
+int launch_matmul_ternary_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
+                                const TernaryBuffers& buf, int num_sms, cudaStream_t s, int max_parts) {
+  return launch_mma_group<TernaryFmt>(ws, ys, n, x, M, buf, num_sms, s, max_parts);
 }
 
-void launch_matmul_ternary(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf,
-                           int num_sms, cudaStream_t s) {
+int launch_matmul_ternary(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf,
+                          int num_sms, cudaStream_t s, int max_parts) {
   const DevWeight* one[1] = {&w};
   float* const ys[1] = {y};
-  launch_matmul_ternary_group(one, ys, 1, x, M, buf, num_sms, s);
+  return launch_matmul_ternary_group(one, ys, 1, x, M, buf, num_sms, s, max_parts);
 }
 
 void launch_get_rows_ternary(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s) {

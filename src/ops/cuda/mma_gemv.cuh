@@ -30,7 +30,11 @@
 // warp w takes blocks b_lo + w, + kWarps, ... of it in order; the warp sums are added in warp order; with a k
 // split over CTAs (ks <= 8, a function of the weights' shapes and the GPU, never of M) the ks CTAs of a
 // (tile, rows) pair form one thread-block cluster, and CTA 0 of the cluster adds the ks partial sums in
-// split order, reading them from the others' shared memory (no global round trip, no atomics). A
+// split order, reading them from the others' shared memory (no global round trip, no atomics). Or, for
+// an output only a residual op reads (matmul_parts), each CTA stores its partial sums as part z of y and
+// exits: no cluster, no reduction here; the residual's norm kernel adds the parts in the same order, so
+// the bits are the same (measured on the H200: the cluster reduction cost decode 0.28 ms, verify
+// 0.42 ms, S15-6). A
 // launch may cover up to 4 weights of one format that share the input (matmul_group), each weight's
 // tiles a range of grid.x. Each warp streams its blocks through a cp.async ring in shared memory, so
 // the next blocks' loads are in flight while one computes.
@@ -126,6 +130,9 @@ struct MmaArgs {
   int kb[9];  // the k split's block boundaries: CTA z takes blocks kb[z] .. kb[z + 1] (no division on the device)
   int stage_stride;  // bytes from one ring stage to the next: ring_stride<F>(mc)
   bool signal;       // let the next kernel's CTAs launch once every CTA is past its wait (mma_signals)
+  // 0: the ks partial sums are added here (a cluster); else CTA z stores its partial sums as part z of
+  // y, at y + z * part_stride (matmul_parts: the kernel that reads y adds the parts in split order).
+  int64_t part_stride;
 };
 
 // d = a . b + c on m16n8k32, A unsigned bytes (weight codes), B signed bytes (activation digits).
@@ -373,7 +380,7 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
     }
   }
 
-  if (a.ks > 1) {
+  if (a.ks > 1 && a.part_stride == 0) {
     // k split over the ks CTAs of a cluster (1, 1, ks): each publishes its sums in its shared memory,
     // CTA 0 adds the ks parts in split order (distributed shared memory) and stores y; the others
     // wait at a second barrier until it has read them.
@@ -397,7 +404,7 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
   for (int k = 0; k < kOutPerThread; ++k) {
     const int o = threadIdx.x + k * F::kWarps * 32, row = o & 63, m = o >> 6;
     const int64_t grow = static_cast<int64_t>(tile0) * 16 + row;
-    if (m < mc && row < nt_rows && grow < pt.N) pt.y[(m0 + m) * pt.N + grow] = out[k];
+    if (m < mc && row < nt_rows && grow < pt.N) pt.y[z * a.part_stride + (m0 + m) * pt.N + grow] = out[k];
   }
 }
 
@@ -485,11 +492,13 @@ inline size_t mma_xq_bytes(int64_t in, int64_t M) {
   return static_cast<size_t>(std::max<int64_t>(rows, 0)) * (in / 128) * (kXqBytes + kXqMeta);
 }
 
-// One launch of up to kTernaryMaxGroup weights of format F sharing the input x (M rows).
+// One launch of up to kTernaryMaxGroup weights of format F sharing the input x (M rows). Returns the
+// parts written to each y: 1 (y = x . W^T), or, when the k split is 2 .. max_parts, ks partial products
+// [ks][M][out] whose sum in part order has the bits of y (matmul_parts).
 template <class F>
-void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
-                      const TernaryBuffers& buf, int num_sms, cudaStream_t s) {
-  if (n <= 0 || n > kTernaryMaxGroup || M <= 0) return;
+int launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
+                     const TernaryBuffers& buf, int num_sms, cudaStream_t s, int max_parts = 1) {
+  if (n <= 0 || n > kTernaryMaxGroup || M <= 0) return 1;
   MmaArgs a{};
   a.nparts = n;
   const int64_t in = ws[0]->in;
@@ -506,6 +515,7 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
   }
   a.ks = mma_splits_for(gx, in, num_sms, mma_ctas_per_sm(F::kWave), F::kWarps);
   for (int z = 0; z <= a.ks; ++z) a.kb[z] = static_cast<int>(static_cast<int64_t>(a.nblk) * z / a.ks);
+  const bool parts = n == 1 && a.ks > 1 && a.ks <= max_parts;
   constexpr int S1 = F::kStagesOneRow, SN = F::kStagesNarrow, SW = F::kStagesWide, SW2 = F::kStagesWideAlt;
   static bool attr_set = false;
   if (!attr_set) {  // rings above the 48 KB default; the largest shared-memory carveout
@@ -524,6 +534,7 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRowsPerLaunch) {
     a.M = std::min(kMaxRowsPerLaunch, M - m0);
     for (int k = 0; k < n; ++k) a.part[k].y = ys[k] + m0 * ws[k]->out;
+    a.part_stride = parts ? M * ws[0]->out : 0;  // matmul_parts: one weight
     auto* xq = static_cast<uint8_t*>(buf.xq);
     auto* meta = reinterpret_cast<int32_t*>(xq + static_cast<size_t>(a.M) * a.nblk * kXqBytes);
     if (!buf.xq_ready || m0 > 0)
@@ -536,7 +547,7 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
     a.stage_stride = ring_stride<F>(mc);
     a.signal = mma_signals(a.M);
     const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(a.ks));
-    const dim3 block(F::kWarps * 32), cluster(1, 1, grid.z);
+    const dim3 block(F::kWarps * 32), cluster(1, 1, parts ? 1 : grid.z);
     // R (rows per plane group) from the widest tile, and the ring depth: scheduling and column
     // placement only, the arithmetic of a row is the same.
     if (mc == 1 && mma_one_row_map() && (S1 == SN || mma_one_row_ring()))
@@ -558,6 +569,7 @@ void launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const
       (void)launch_ex(mm_mma_kernel<F, SW, 8>, grid, block, F::kWarps * SW * a.stage_stride, s, cluster,
                       pdl_enabled(), a);
   }
+  return parts ? a.ks : 1;
 }
 
 }  // namespace

@@ -92,6 +92,15 @@ __global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) 
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     y[i] = a[i] + b[i];
 }
+// parts[i] = ((p0[i] + p1[i]) + p2[i]) + ... (Backend::sum_parts; parts n floats apart).
+__global__ void sum_parts_kernel(float* parts, int count, int64_t n) {
+  pdl_wait();
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float s = parts[i];
+    for (int p = 1; p < count; ++p) s = s + parts[p * n + i];
+    parts[i] = s;
+  }
+}
 __global__ void swiglu_kernel(const float* g, const float* u, float* y, int64_t n) {
   pdl_wait();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -242,25 +251,36 @@ __global__ void gdn_conv_state_kernel(const float* x, float* state, float* __res
   state[j * C + c] = x[(M - H + j) * C + c];
 }
 
+// x[i] of an input given as `parts` parts part_stride floats apart (matmul_parts), summed in part order.
+__device__ __forceinline__ float load_parts(const float* __restrict__ x, int64_t i, int parts, int64_t part_stride) {
+  float v = x[i];
+  for (int p = 1; p < parts; ++p) v = v + x[p * part_stride + i];
+  return v;
+}
+
 // Channel c of row t of dflash_conv (Backend::dflash_conv), taps o = 0, 1, .. in order; dt: row t's
-// coefficients. Both conv kernels use it, so their outputs have the same bits.
+// coefficients; x as `parts` parts (1: x itself). Both conv kernels use it, so their outputs have the
+// same bits.
 __device__ __forceinline__ float dflash_conv_channel(const float* __restrict__ x, const float* __restrict__ base,
                                                      const float* __restrict__ dt, int64_t t, int64_t c, int64_t C,
-                                                     int64_t K, int64_t G, int64_t group) {
+                                                     int64_t K, int64_t G, int64_t group, int parts = 1,
+                                                     int64_t part_stride = 0) {
   const int64_t g = c / group;
   float acc = 0.0f;
-  for (int64_t o = 0; o < K && o <= t; ++o) acc += (base[o * C + c] + dt[o * G + g]) * x[(t - o) * C + c];
+  for (int64_t o = 0; o < K && o <= t; ++o)
+    acc += (base[o * C + c] + dt[o * G + g]) * load_parts(x, (t - o) * C + c, parts, part_stride);
   return acc;
 }
 
-__global__ void dflash_conv_kernel(const float* __restrict__ x, const float* __restrict__ base,
+// x: x_parts parts [x_parts][M][C] (Backend::dflash_conv_parts; 1: x itself).
+__global__ void dflash_conv_kernel(const float* __restrict__ x, int x_parts, const float* __restrict__ base,
                                    const float* __restrict__ d, int64_t d_stride, const float* res, float* y, int64_t M,
                                    int64_t C, int64_t K, int64_t group) {
   pdl_wait();
   const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   const int64_t t = blockIdx.y;
   if (c >= C || t >= M) return;
-  const float acc = dflash_conv_channel(x, base, d + t * d_stride, t, c, C, K, C / group, group);
+  const float acc = dflash_conv_channel(x, base, d + t * d_stride, t, c, C, K, C / group, group, x_parts, M * C);
   y[t * C + c] = res ? acc + res[t * C + c] : acc;
 }
 
@@ -431,6 +451,9 @@ void launch_rms_norm_gated(const float* x, const float* w, const float* z, float
 void launch_add(const float* a, const float* b, float* y, int64_t n, cudaStream_t s) {
   if (n > 0) launch_pdl(add_kernel, elem_blocks(n), 256, 0, s, a, b, y, n);
 }
+void launch_sum_parts(float* parts, int count, int64_t n, cudaStream_t s) {
+  if (n > 0 && count > 1) launch_pdl(sum_parts_kernel, elem_blocks(n), 256, 0, s, parts, count, n);
+}
 void launch_swiglu(const float* g, const float* u, float* y, int64_t n, cudaStream_t s) {
   if (n > 0) launch_pdl(swiglu_kernel, elem_blocks(n), 256, 0, s, g, u, y, n);
 }
@@ -499,11 +522,11 @@ void launch_dflash_conv_quantize(const float* x, const float* base, const float*
   launch_pdl(dflash_conv_quantize_kernel, dim3(ceil_div_u(C, 1024), static_cast<unsigned>(M)), 256, 0, s, x, base, d,
              d_stride, y, M, C, K, group, q, xq_meta(q, M, C));
 }
-void launch_dflash_conv(const float* x, const float* base, const float* d, int64_t d_stride, const float* res,
-                        float* y, int64_t M, int64_t C, int64_t K, int64_t group, cudaStream_t s) {
+void launch_dflash_conv(const float* x, int x_parts, const float* base, const float* d, int64_t d_stride,
+                        const float* res, float* y, int64_t M, int64_t C, int64_t K, int64_t group, cudaStream_t s) {
   if (M <= 0 || C <= 0) return;
-  launch_pdl(dflash_conv_kernel, dim3(ceil_div_u(C, 256), static_cast<unsigned>(M)), 256, 0, s, x, base, d, d_stride, res,
-                                                                                          y, M, C, K, group);
+  launch_pdl(dflash_conv_kernel, dim3(ceil_div_u(C, 256), static_cast<unsigned>(M)), 256, 0, s, x, x_parts, base, d,
+             d_stride, res, y, M, C, K, group);
 }
 
 }  // namespace dflash::cuda
