@@ -47,14 +47,14 @@ SynthTargetSpec tiny(const std::string& arch, GgmlType t, bool prism, bool wide)
   s.n_embd = wide ? 1024 : 256;
   s.n_ff = wide ? 2048 : 512;
   s.n_vocab = 512;
-  s.n_head = 4;
+  s.n_head = wide ? 8 : 4;  // wide: every matmul input 1024 wide or more (the prism block)
   s.n_head_kv = 2;
-  s.head_dim = 64;
-  s.n_rot = arch == "qwen35" ? 16 : 64;
-  s.ssm_k_heads = 2;
-  s.ssm_v_heads = 4;
-  s.ssm_head_k = 32;
-  s.ssm_head_v = 64;
+  s.head_dim = wide ? 128 : 64;
+  s.n_rot = arch == "qwen35" ? 16 : s.head_dim;
+  s.ssm_k_heads = wide ? 4 : 2;
+  s.ssm_v_heads = wide ? 8 : 4;
+  s.ssm_head_k = wide ? 128 : 32;
+  s.ssm_head_v = wide ? 128 : 64;
   s.matmul_type = t;
   s.alpha_beta_type = t == GgmlType::F32 ? GgmlType::F32 : GgmlType::BF16;
   s.prism = prism;
