@@ -33,8 +33,9 @@
 // split order, reading them from the others' shared memory (no global round trip, no atomics). Or, for
 // an output only a residual op reads (matmul_parts), each CTA stores its partial sums as part z of y and
 // exits: no cluster, no reduction here; the residual's norm kernel adds the parts in the same order, so
-// the bits are the same (measured on the H200: the cluster reduction cost decode 0.28 ms, verify
-// 0.42 ms, S15-6). A
+// the bits are the same (H200, 27B PTQ1_0, S16-3 against the cluster reduction: decode 4.10-4.14 ->
+// 3.94-3.96 ms, verify 6.44-6.53 -> 6.23-6.38, draft 1.055-1.059 -> 1.011). Global partials with arrival
+// counters (the last CTA adds them) were slower than the cluster (S16-1). A
 // launch may cover up to 4 weights of one format that share the input (matmul_group), each weight's
 // tiles a range of grid.x. Each warp streams its blocks through a cp.async ring in shared memory, so
 // the next blocks' loads are in flight while one computes.
