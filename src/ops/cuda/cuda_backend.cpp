@@ -696,6 +696,15 @@ class CudaBackend final : public Backend {
   // ---- DFlash drafter ---------------------------------------------------------------------------
   void dflash_conv(const float* x, const float* base, const float* d, int64_t d_stride, const float* res, float* y,
                    int64_t M, int64_t C, int64_t K, int64_t group) override {
+    run_dflash_conv(x, 1, base, d, d_stride, res, y, M, C, K, group);
+  }
+  void dflash_conv_parts(float* x, int x_parts, const float* base, const float* d, int64_t d_stride, const float* res,
+                         float* y, int64_t M, int64_t C, int64_t K, int64_t group) override {
+    run_dflash_conv(x, std::max(x_parts, 1), base, d, d_stride, res, y, M, C, K, group);
+  }
+  // dflash_conv of x given as x_parts parts [x_parts][M][C] (1: x itself).
+  void run_dflash_conv(const float* x, int x_parts, const float* base, const float* d, int64_t d_stride,
+                       const float* res, float* y, int64_t M, int64_t C, int64_t K, int64_t group) {
     DFLASH_CHECK(K >= 1 && group >= 1 && C % group == 0, "cuda dflash_conv: C {} not a multiple of group {} (K {})",
                  C, group, K);
     DFLASH_CHECK(x != y, "cuda dflash_conv: x must not alias y");
@@ -705,28 +714,13 @@ class CudaBackend final : public Backend {
     // Without a residual the output feeds q | k | v or gate | up: quantize it for them in the same kernel
     // (a plain chain; DFLASH_CUDA_CHAIN_PLAIN=0 leaves it to the matmul). 10 launches fewer per draft step
     // of the 27B drafter; the step's time moved by less than the noise (1.301, 1.298 vs 1.299-1.304 ms, S7-9).
-    if (!res && chain_ && chain_plain_ && cuda::dflash_conv_quantize_supported(C, M) &&
+    if (x_parts == 1 && !res && chain_ && chain_plain_ && cuda::dflash_conv_quantize_supported(C, M) &&
         reinterpret_cast<uintptr_t>(y) % 16 == 0) {
       run_chain(y, M, C, "dflash_conv", [&](void* xq) {
         cuda::launch_dflash_conv_quantize(x, base, d, d_stride, y, xq, M, C, K, group, stream_);
       });
       return;
     }
-    cuda::launch_dflash_conv(x, 1, base, d, d_stride, res, y, M, C, K, group, stream_);
-    after("dflash_conv");
-  }
-  void dflash_conv_parts(float* x, int x_parts, const float* base, const float* d, int64_t d_stride, const float* res,
-                         float* y, int64_t M, int64_t C, int64_t K, int64_t group) override {
-    if (x_parts <= 1) {
-      dflash_conv(x, base, d, d_stride, res, y, M, C, K, group);
-      return;
-    }
-    DFLASH_CHECK(K >= 1 && group >= 1 && C % group == 0, "cuda dflash_conv: C {} not a multiple of group {} (K {})",
-                 C, group, K);
-    DFLASH_CHECK(x != y, "cuda dflash_conv: x must not alias y");
-    DFLASH_CHECK(d_stride >= K * (C / group), "cuda dflash_conv: coefficient row stride {} < K*G = {}", d_stride,
-                 K * (C / group));
-    DFLASH_CHECK(M <= 65535, "cuda dflash_conv: {} rows", M);
     cuda::launch_dflash_conv(x, x_parts, base, d, d_stride, res, y, M, C, K, group, stream_);
     after("dflash_conv");
   }
