@@ -48,7 +48,7 @@ struct DevWeight {
 bool matmul_supported(int type);
 // y[M, out] = x[M, in] . W^T. M any; rows go in tiles of at most 8 through the same per-row arithmetic.
 // Scratch of the ternary kernel: the quantized activations (its k split reduces inside a thread-block
-// cluster and needs no memory of its own).
+// cluster, or leaves its parts in y for launch_matmul_parts: no memory of its own).
 struct TernaryScratch {
   size_t xq_bytes = 0;
 };
