@@ -184,7 +184,7 @@ class Qwen35Model final : public TargetModel {
   // returns the matmul input: rot_ (rotated) or n_.
   const float* norm_input(float* res, int res_parts, const float* norm, bool rotate, int64_t M);
   // n: the normed block input; nin: the same rotated for the block's input matmuls (or n). Each block
-  // writes its output to y (y_: max_rows_ rows) and returns its parts (mm_residual).
+  // writes its output to y (y_, y_rows_ rows) and returns its parts (mm_residual).
   int attention_block(int il, const float* nin, float* y, int64_t M);
   int gdn_block(int il, const float* n, const float* nin, float* y, int64_t M, bool undoable);
   int ffn_block(int il, const float* nin, float* y, int64_t M);
