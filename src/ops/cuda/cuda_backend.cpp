@@ -254,11 +254,7 @@ class CudaBackend final : public Backend {
     const bool chained = chain_ && chain_plain_ && M <= 65535 && cuda::chain_supported(dw.out, 0, true);
     const int max_parts =
         mm_parts_ && chained && M > 0 ? static_cast<int>(std::min<int64_t>(kMaxMatmulParts, y_rows / M)) : 1;
-    const cuda::TernaryScratch need = cuda::matmul_scratch(dw, M);
-    cuda::TernaryBuffers buf = matmul_buffers(need, x, M, dw.in);
-    const int parts = cuda::launch_matmul_parts(dw, x, y, M, buf, num_sms_, max_parts, stream_);
-    if (need.xq_bytes) xq_ = XqKey{x, M, dw.in, buf.xq, true};
-    note_write(y, sizeof(float) * parts * M * dw.out);
+    const int parts = run_matmul(dw, x, y, M, max_parts);
     after("matmul_parts");
     return parts;
   }
@@ -804,12 +800,14 @@ class CudaBackend final : public Backend {
     bool valid = false;
   };
 
-  void run_matmul(const cuda::DevWeight& dw, const float* x, float* y, int64_t M) {
+  // Returns the parts written to y (launch_matmul_parts; max_parts 1: y itself).
+  int run_matmul(const cuda::DevWeight& dw, const float* x, float* y, int64_t M, int max_parts = 1) {
     const cuda::TernaryScratch need = cuda::matmul_scratch(dw, M);
     cuda::TernaryBuffers buf = matmul_buffers(need, x, M, dw.in);
-    cuda::launch_matmul(dw, x, y, M, buf, num_sms_, stream_);
+    const int parts = cuda::launch_matmul_parts(dw, x, y, M, buf, num_sms_, max_parts, stream_);
     if (need.xq_bytes) xq_ = XqKey{x, M, dw.in, buf.xq, true};
-    note_write(y, sizeof(float) * M * dw.out);
+    note_write(y, sizeof(float) * parts * M * dw.out);
+    return parts;
   }
   // The ternary kernel's scratch; xq_ready when the cache holds x's quantization already.
   cuda::TernaryBuffers matmul_buffers(const cuda::TernaryScratch& need, const float* x, int64_t M, int64_t K) {

@@ -820,14 +820,8 @@ int launch_matmul_parts(const DevWeight& w, const float* x, float* y, int64_t M,
 void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf, int num_sms,
                    cudaStream_t s) {
   if (M <= 0 || w.out <= 0) return;
-  if (w.layout == Layout::kTernaryMma) {
-    launch_matmul_ternary(w, x, y, M, buf, num_sms, s);
-    return;
-  }
-  if (w.layout == Layout::kKQuantMma) {
-    const DevWeight* one[1] = {&w};
-    float* const ys[1] = {y};
-    launch_matmul_kquant_group(one, ys, 1, x, M, buf, num_sms, s);
+  if (w.layout == Layout::kTernaryMma || w.layout == Layout::kKQuantMma) {  // one part: y itself
+    (void)launch_matmul_parts(w, x, y, M, buf, num_sms, 1, s);
     return;
   }
   // M rows in grid.y tiles: the largest grid.y is 65535 tiles of 8 rows; larger M goes in slices.

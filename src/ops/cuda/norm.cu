@@ -92,14 +92,18 @@ __global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) 
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     y[i] = a[i] + b[i];
 }
+// x[i] of an input given as `parts` parts part_stride floats apart (matmul_parts), summed in part order.
+__device__ __forceinline__ float load_parts(const float* __restrict__ x, int64_t i, int parts, int64_t part_stride) {
+  float v = x[i];
+  for (int p = 1; p < parts; ++p) v = v + x[p * part_stride + i];
+  return v;
+}
+
 // parts[i] = ((p0[i] + p1[i]) + p2[i]) + ... (Backend::sum_parts; parts n floats apart).
 __global__ void sum_parts_kernel(float* parts, int count, int64_t n) {
   pdl_wait();
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    float s = parts[i];
-    for (int p = 1; p < count; ++p) s = s + parts[p * n + i];
-    parts[i] = s;
-  }
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    parts[i] = load_parts(parts, i, count, n);
 }
 __global__ void swiglu_kernel(const float* g, const float* u, float* y, int64_t n) {
   pdl_wait();
@@ -249,13 +253,6 @@ __global__ void gdn_conv_state_kernel(const float* x, float* state, float* __res
   const int64_t j = i / C, c = i % C;
   if (state_before) state_before[i] = state[i];
   state[j * C + c] = x[(M - H + j) * C + c];
-}
-
-// x[i] of an input given as `parts` parts part_stride floats apart (matmul_parts), summed in part order.
-__device__ __forceinline__ float load_parts(const float* __restrict__ x, int64_t i, int parts, int64_t part_stride) {
-  float v = x[i];
-  for (int p = 1; p < parts; ++p) v = v + x[p * part_stride + i];
-  return v;
 }
 
 // Channel c of row t of dflash_conv (Backend::dflash_conv), taps o = 0, 1, .. in order; dt: row t's
