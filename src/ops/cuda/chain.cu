@@ -145,13 +145,17 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
     if (a.res) {
       // The residual: matmul_parts' parts summed in part order, ((p0 + p1) + p2) + ..., the bits the
       // matmul's own reduction would have stored.
-      float rv[4], pv[4];
+      // Every part's load is issued before the first add (common.cuh's load_parts).
+      float rv[4], pv[kMaxParts][4];
       ld4(a.res + base + i0, rv);
-      for (int p = 1; p < a.res_parts; ++p) {
-        ld4(a.res + p * a.res_stride + base + i0, pv);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) rv[k] = rv[k] + pv[k];
-      }
+      for (int p = 1; p < kMaxParts; ++p)
+        if (p < a.res_parts) ld4(a.res + p * a.res_stride + base + i0, pv[p]);
+#pragma unroll
+      for (int p = 1; p < kMaxParts; ++p)
+        if (p < a.res_parts)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) rv[k] = rv[k] + pv[p][k];
 #pragma unroll
       for (int k = 0; k < 4; ++k) v[k] = v[k] + rv[k];
       st4(a.x + base + i0, v);

@@ -16,6 +16,8 @@
 #include "ops/cuda/kernels.h"
 #include "util/error.h"
 
+static_assert(dflash::cuda::kMaxParts == dflash::Backend::kMaxMatmulParts, "the parts readers add kMaxParts at most");
+
 namespace dflash {
 namespace {
 

@@ -102,6 +102,9 @@ TernaryScratch ternary_scratch(int64_t in, int64_t M);
 // device's SM count only, never of M, so a row's bits depend on the group, not on M; a weight in a
 // group may round differently than alone.
 constexpr int kTernaryMaxGroup = 4;
+// The most parts of a matmul_parts product that a reader (the residual norm chain, dflash_conv_parts)
+// adds: Backend::kMaxMatmulParts (cuda_backend.cpp checks that the two agree).
+constexpr int kMaxParts = 8;
 // max_parts > 1 (one weight): the parts of launch_matmul_parts; returns the parts written.
 int launch_matmul_ternary_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
                                 const TernaryBuffers& buf, int num_sms, cudaStream_t s, int max_parts = 1);

@@ -92,12 +92,6 @@ __global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) 
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     y[i] = a[i] + b[i];
 }
-// x[i] of an input given as `parts` parts part_stride floats apart (matmul_parts), summed in part order.
-__device__ __forceinline__ float load_parts(const float* __restrict__ x, int64_t i, int parts, int64_t part_stride) {
-  float v = x[i];
-  for (int p = 1; p < parts; ++p) v = v + x[p * part_stride + i];
-  return v;
-}
 
 // parts[i] = ((p0[i] + p1[i]) + p2[i]) + ... (Backend::sum_parts; parts n floats apart).
 __global__ void sum_parts_kernel(float* parts, int count, int64_t n) {
