@@ -145,9 +145,14 @@ __device__ __forceinline__ void pdl_wait(bool trigger = true) {
 // Asynchronous 16-byte global -> shared copies (cp.async.cg: L2 only), their commit groups and the wait
 // for all but the newest N groups. The "memory" clobbers keep the compiler from moving shared-memory
 // accesses across them.
+// kL1: through L1 instead (cp.async.ca), for data that the SM's other CTAs read too.
+template <bool kL1 = false>
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  if constexpr (kL1)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>

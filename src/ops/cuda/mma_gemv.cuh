@@ -197,13 +197,18 @@ constexpr int kActIters = (R * (kXqBytes / 16) + 31) / 32;  // <= 6 (R = 8)
 template <class F, int R>
 __device__ __forceinline__ void issue_acts(const BlockSrc<F>& src, int64_t boff, uint32_t M, int mc, int lane,
                                            uint8_t* stage) {
+  // One activation row: the records go through L1 (cp.async.ca), where the SM's other CTAs (5 per SM at one
+  // row), which read the same blocks at about the same time, find them. H200, 27B PTQ1_0, alternating
+  // (S17-3): decode 3.87-3.88 -> 3.78-3.80 ms. At 8 rows (3 CTAs per SM, 28 KB of L1 left beside the
+  // rings) the same made verify slower (S17-2: 6.51-6.59 -> 6.55-6.73 ms), so wider launches keep L2 only.
+  constexpr bool l1 = R == 1;
   uint8_t* xs = stage + kTilesPerCta * (F::kCodeBytes + F::kScaleBytes);
   const uint32_t bo = static_cast<uint32_t>(boff) * M;  // records from the first block's (< 2^32: M <= 65535)
   const uint8_t* xq = src.xq + static_cast<uint64_t>(bo) * kXqBytes;
 #pragma unroll
   for (int it = 0; it < kActIters<R>; ++it)
-    if (lane + 32 * it < mc * (kXqBytes / 16)) cp_async16(xs + (lane + 32 * it) * 16, xq + 512 * it);
-  if (lane < mc) cp_async16(xs + mc * kXqBytes + lane * 16, src.meta + static_cast<uint64_t>(bo) * 4);
+    if (lane + 32 * it < mc * (kXqBytes / 16)) cp_async16<l1>(xs + (lane + 32 * it) * 16, xq + 512 * it);
+  if (lane < mc) cp_async16<l1>(xs + mc * kXqBytes + lane * 16, src.meta + static_cast<uint64_t>(bo) * 4);
 }
 
 template <int R>
