@@ -517,9 +517,15 @@ int Qwen35Model::gdn_block(int il, const float* n, const float* nin, float* y, i
   float* conv_in = undoable ? s.conv_inputs : big0_;
   mm_group({{&w.w_qkv, conv_in}, {&w.w_gate, gate_}}, nin, M);  // [M, C] pre-conv, z [M, inner]
   const float* nab = w.rot_alpha_beta ? (w.rot_attn_in ? nin : rotated(n, M, cfg_.n_embd, true, rot2_)) : n;
-  mm_group({{&w.w_beta, b_}, {&w.w_alpha, a_}}, nab, M);  // [M, Hv] beta logits, [M, Hv] alpha
-  be_.gdn_conv(conv_in, s.conv_state, undoable ? s.conv_state_before : nullptr, w.conv1d, big1_, M, C,
-               K);  // silu(conv) [M, C]
+  // [M, Hv] beta logits, [M, Hv] alpha; silu(conv) [M, C] (one launch on CUDA, except in prefill chunks)
+  const Backend::MatmulOut ab[] = {{&w.w_beta, b_}, {&w.w_alpha, a_}};
+  float* conv_before = undoable ? s.conv_state_before : nullptr;
+  if (prefill_chunk_) {
+    mm_group({ab[0], ab[1]}, nab, M);
+    be_.gdn_conv(conv_in, s.conv_state, conv_before, w.conv1d, big1_, M, C, K);
+  } else {
+    be_.gdn_conv_and_matmuls(ab, nab, conv_in, s.conv_state, conv_before, w.conv1d, big1_, M, C, K);
+  }
   // One conv row is [q | k | v]: the recurrence reads the three pieces with row stride C.
   const float *q = big1_, *k = big1_ + Hk * dk, *v = big1_ + 2 * Hk * dk;
   const GdnShape shape{Hk, Hv, dk, dv};

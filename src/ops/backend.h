@@ -265,6 +265,14 @@ class Backend {
   // checkpoint; must not overlap state). CUDA writes it from the window it loads anyway (no copy launch).
   virtual void gdn_conv(const float* x, float* state, float* state_before, const float* w, float* y, int64_t M,
                         int64_t C, int64_t K) = 0;
+  // gdn_conv (above) and, beside it, matmul_group(outs, mx, M): GDN's alpha | beta projections of the layer
+  // input. Neither reads what the other writes and the recurrence reads both, so a backend may run them
+  // as one launch (CUDA: the projections' CTAs beside the conv's). Default: matmul_group, then gdn_conv.
+  virtual void gdn_conv_and_matmuls(std::span<const MatmulOut> outs, const float* mx, const float* x, float* state,
+                                    float* state_before, const float* w, float* y, int64_t M, int64_t C, int64_t K) {
+    matmul_group(outs, mx, M);
+    gdn_conv(x, state, state_before, w, y, M, C, K);
+  }
   // Gates: beta[M, Hv] = sigmoid(b), g[M, Hv] = a_log_decay * softplus(a + dt_bias) (in place into b, a).
   virtual void gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M,
                          int64_t n_v_heads) = 0;

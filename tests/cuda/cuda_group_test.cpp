@@ -1,6 +1,7 @@
 // matmul_group of small block-layout weights (the 27B target's GDN alpha | beta, BF16 48 x 5120) in one
 // launch of the k-split kernel: every output must have the bits of its own matmul (grouping changes
-// only which CTA computes it), for full 8-row tiles and the rest tile.
+// only which CTA computes it), for full 8-row tiles and the rest tile. And the same weights beside GDN's
+// conv (gdn_conv_and_matmuls).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -57,6 +58,66 @@ TEST(CudaMatmulGroup, SmallOutputWeightsInOneLaunch) {
   split_group_case(GgmlType::F32, 1000, {37, 5, 100}, {1, 3, 9}, 1310);   // odd outs, K % 256 != 0
   split_group_case(GgmlType::Q8_0, 2304, {64, 200, 1}, {1, 8}, 1320);
   split_group_case(GgmlType::F16, 512, {96, 512, 33, 7}, {2, 11}, 1330);   // four weights
+}
+
+// Backend::gdn_conv_and_matmuls: on CUDA one launch of the projections' CTAs beside the conv's (up to 8
+// rows, 4 taps), otherwise matmul_group, then gdn_conv. Either way every output, the conv state and the
+// undo checkpoint must have the bits of the two ops run apart, nothing may be written past them, and the
+// conv must work in place (y == x, as gdn_conv allows).
+void conv_and_matmuls_case(GgmlType t, int64_t in, const std::vector<int64_t>& outs, int64_t M, int64_t C, int64_t K,
+                           bool in_place, uint32_t seed) {
+  std::vector<WeightRef> wg;
+  std::string shape = fmt::format("{} in {} M={} C={} K={}{} outs", type_name(t), in, M, C, K, in_place ? " in place" : "");
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const auto bytes = make_weight(t, in, outs[i], seed + static_cast<uint32_t>(i)).bytes;
+    wg.push_back(gpu().upload_weight(bytes.data(), t, in, outs[i]));
+    shape += fmt::format(" {}", outs[i]);
+  }
+  std::mt19937 rng(seed);
+  const auto mx = randn_vec(rng, M * in), x = randn_vec(rng, M * C), st = randn_vec(rng, (K - 1) * C),
+             w = randn_vec(rng, C * K, 0.5f);
+  Buf<float> mxg(gpu(), mx), wcv(gpu(), w);
+  // fused: the op; apart: matmul_group, then gdn_conv
+  Buf<float> xf(gpu(), x), sf(gpu(), st), bf(gpu(), (K - 1) * C), yf(gpu(), M * C);
+  Buf<float> xa(gpu(), x), sa(gpu(), st), ba(gpu(), (K - 1) * C), ya(gpu(), M * C);
+  std::vector<std::unique_ptr<Buf<float>>> pf, pa;
+  std::vector<Backend::MatmulOut> of, oa;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    pf.push_back(std::make_unique<Buf<float>>(gpu(), M * outs[i]));
+    pa.push_back(std::make_unique<Buf<float>>(gpu(), M * outs[i]));
+    of.push_back({&wg[i], *pf.back()});
+    oa.push_back({&wg[i], *pa.back()});
+  }
+  gpu().gdn_conv_and_matmuls(of, mxg, xf, sf, bf, wcv, in_place ? xf.get_ptr() : yf.get_ptr(), M, C, K);
+  gpu().matmul_group(oa, mxg, M);
+  gpu().gdn_conv(xa, sa, ba, wcv, in_place ? xa.get_ptr() : ya.get_ptr(), M, C, K);
+  std::string where;
+  const auto differs = [&](const char* what, Buf<float>& f, Buf<float>& a) {
+    if (f.get() != a.get() || !f.guard_ok()) where += fmt::format(" {}", what);
+  };
+  for (size_t i = 0; i < outs.size(); ++i) differs(fmt::format("out{}", i).c_str(), *pf[i], *pa[i]);
+  differs(in_place ? "conv (in place)" : "conv", in_place ? xf : yf, in_place ? xa : ya);
+  differs("state", sf, sa);
+  differs("state_before", bf, ba);
+  if (bf.get() != st) where += " state_before != the state before";
+  const bool same = where.empty();
+  record({"gdn_conv_and_matmuls == matmul_group + gdn_conv", shape, 0, 0, 0, same,
+          same ? std::string("memcmp equal") : fmt::format("differs:{}", where)});
+  EXPECT_TRUE(same) << shape << where;
+}
+
+TEST(CudaMatmulGroup, ConvAndProjectionsInOneLaunch) {
+  REQUIRE_GPU();
+  // the 27B target's GDN layer: beta | alpha (BF16 48 x 5120) beside the conv of 10240 channels
+  for (int64_t M : {1, 2, 8}) conv_and_matmuls_case(GgmlType::BF16, 5120, {48, 48}, M, 10240, 4, false, 1400 + M);
+  conv_and_matmuls_case(GgmlType::BF16, 5120, {48, 48}, 8, 10240, 4, true, 1410);
+  // channels that do not fill the last CTA, odd outputs, one and four weights
+  conv_and_matmuls_case(GgmlType::F32, 1000, {37, 5}, 3, 300, 4, false, 1420);
+  conv_and_matmuls_case(GgmlType::Q8_0, 2304, {64}, 5, 1000, 4, true, 1430);
+  conv_and_matmuls_case(GgmlType::F16, 512, {96, 512, 33, 7}, 7, 2050, 4, false, 1440);
+  // the fallbacks: more than one row tile, another tap count
+  conv_and_matmuls_case(GgmlType::BF16, 5120, {48, 48}, 13, 10240, 4, false, 1450);
+  conv_and_matmuls_case(GgmlType::BF16, 512, {16, 16}, 4, 384, 3, false, 1460);
 }
 
 }  // namespace

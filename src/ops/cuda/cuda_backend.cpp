@@ -89,6 +89,8 @@ class CudaBackend final : public Backend {
     // them itself (a thread-block cluster), for comparison. The bits are the same (S16-3, 27B decode
     // 4.10-4.14 -> 3.94-3.96 ms with the parts).
     mm_parts_ = cuda::env_flag("DFLASH_CUDA_MM_PARTS", true);
+    // gdn_conv_and_matmuls as one launch (GDN alpha | beta beside the conv); =0: two, for comparison.
+    conv_matmuls_ = cuda::env_flag("DFLASH_CUDA_CONV_MATMULS", true);
     skip_ = parse_skip();
   }
 
@@ -614,6 +616,29 @@ class CudaBackend final : public Backend {
     cuda::launch_gdn_conv(x, state, state_before, w, y, M, C, K, stream_);
     after("gdn_conv");
   }
+  // One launch for the small projections (the split group's kernel) and the conv, up to 8 rows
+  // (DFLASH_CUDA_CONV_MATMULS=0: matmul_group, then gdn_conv).
+  void gdn_conv_and_matmuls(std::span<const MatmulOut> outs, const float* mx, const float* x, float* state,
+                            float* state_before, const float* w, float* y, int64_t M, int64_t C, int64_t K) override {
+    if (conv_matmuls_ && split_group_ && !skip_ && outs.size() <= static_cast<size_t>(cuda::kTernaryMaxGroup)) {
+      cuda::DevWeight dws[cuda::kTernaryMaxGroup];
+      const cuda::DevWeight* ws[cuda::kTernaryMaxGroup] = {};
+      float* ys[cuda::kTernaryMaxGroup] = {};
+      for (size_t i = 0; i < outs.size(); ++i) {
+        dws[i] = dev_weight(*outs[i].w, "gdn_conv_and_matmuls");
+        ws[i] = &dws[i];
+        ys[i] = outs[i].y;
+      }
+      if (cuda::launch_split_group_gdn_conv(ws, ys, static_cast<int>(outs.size()), mx, M, x, state, state_before, w,
+                                            y, C, K, stream_)) {
+        for (size_t i = 0; i < outs.size(); ++i) note_write(ys[i], sizeof(float) * M * dws[i].out);
+        note_write(y, sizeof(float) * M * C);
+        after("gdn_conv_and_matmuls");
+        return;
+      }
+    }
+    Backend::gdn_conv_and_matmuls(outs, mx, x, state, state_before, w, y, M, C, K);
+  }
   void gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M,
                  int64_t n_v_heads) override {
     cuda::launch_gdn_gates(a, b, dt_bias, ssm_a, M, n_v_heads, stream_);
@@ -940,6 +965,7 @@ class CudaBackend final : public Backend {
   bool graphs_ = true;
   bool ternary_mma_ = true;
   bool chain_ = true;
+  bool conv_matmuls_ = true;
   bool kquant_mma_ = true;
   bool fused_prep_ = true;
   bool split_group_ = true;

@@ -70,6 +70,11 @@ int launch_matmul_parts(const DevWeight& w, const float* x, float* y, int64_t M,
 // one launch, each output's bits as its own matmul. Returns false (nothing launched) otherwise.
 bool launch_matmul_split_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
                                cudaStream_t s);
+// launch_matmul_split_group's weights over mx and, in the same launch, launch_gdn_conv over x (up to 8 rows,
+// 4 taps): Backend::gdn_conv_and_matmuls. Returns false (nothing launched) when either part does not fit.
+bool launch_split_group_gdn_conv(const DevWeight* const* ws, float* const* ys, int n, const float* mx, int64_t M,
+                                 const float* x, float* state, float* state_before, const float* w, float* y,
+                                 int64_t C, int64_t K, cudaStream_t s);
 // Prefill product (Backend::matmul_prefill): a tensor-core kernel whose rounding may depend on M. The
 // backend calls it from kMatmulPrefillMinRows rows (cuda_backend.h). Returns false when it has no kernel
 // for this weight (the caller then uses launch_matmul).

@@ -32,6 +32,7 @@
 #include <cooperative_groups.h>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/gdn_conv.cuh"
 #include "ops/cuda/kernels.h"
 
 namespace dflash::cuda {
@@ -354,20 +355,21 @@ struct SplitGroup {
   int nparts;
 };
 
+// The CTA (bx, by) of the split kernel's grid (a device function: split_gdn_conv_kernel runs it too).
 template <int T, int R>
-__global__ void __launch_bounds__(kSplitWarps * 32)
-mm_blocks_split_kernel(const SplitGroup grp, int64_t K, const float* __restrict__ x, bool xvec) {
+__device__ __forceinline__ void split_group_cta(const SplitGroup& grp, int64_t K, const float* __restrict__ x, bool xvec,
+                                                int bx, int by) {
   constexpr int NR = SplitCfg<T, R>::NR, U = SplitCfg<T, R>::U;
   __shared__ float part[kSplitWarps][NR][R];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   int cta_begin;
-  const SplitPart sp = group_part(grp.part, grp.nparts, static_cast<int>(blockIdx.x), cta_begin);
+  const SplitPart sp = group_part(grp.part, grp.nparts, bx, cta_begin);
   const uint8_t* __restrict__ W = sp.W;
   const size_t row_stride = sp.row_stride;
   const int64_t N = sp.N;
   float* __restrict__ y = sp.y;
-  const int64_t o0 = static_cast<int64_t>(blockIdx.x - cta_begin) * NR;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxR;
+  const int64_t o0 = static_cast<int64_t>(bx - cta_begin) * NR;
+  const int64_t m0 = static_cast<int64_t>(by) * kMaxR;
   const int64_t chunks = (K + 255) / 256;
   const int64_t c_begin = chunks * warp / nw, c_end = chunks * (warp + 1) / nw;  // >= 1 chunk (nw <= chunks)
   const uint8_t* rows[NR];
@@ -437,6 +439,37 @@ mm_blocks_split_kernel(const SplitGroup grp, int64_t K, const float* __restrict_
     for (int k = 1; k < nw; ++k) t += part[k][i][r];
     if (o0 + i < N) y[(m0 + r) * N + o0 + i] = t;
   }
+}
+
+template <int T, int R>
+__global__ void __launch_bounds__(kSplitWarps * 32)
+mm_blocks_split_kernel(const SplitGroup grp, int64_t K, const float* __restrict__ x, bool xvec) {
+  split_group_cta<T, R>(grp, K, x, xvec, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y));
+}
+
+// Backend::gdn_conv_and_matmuls in one launch (up to 8 rows): CTAs [0, split_ctas) are the split group's
+// (GDN alpha | beta of the layer input), the rest run gdn_conv over the conv input, blockDim.x channels each.
+// Neither reads what the other writes, so the projections no longer wait for the conv's launch or the conv
+// for theirs; every CTA computes what it would in its own kernel (the same bits).
+struct ConvArgs {
+  const float* x;
+  float* state;
+  float* state_before;
+  const float* w;
+  float* y;
+  int64_t M, C;
+};
+template <int T, int R, int kK>
+__global__ void __launch_bounds__(kSplitWarps * 32)
+split_gdn_conv_kernel(const SplitGroup grp, int64_t K, const float* __restrict__ x, bool xvec, int split_ctas,
+                      const ConvArgs conv) {
+  const int b = static_cast<int>(blockIdx.x);
+  if (b < split_ctas) {
+    split_group_cta<T, R>(grp, K, x, xvec, b, 0);
+    return;
+  }
+  gdn_conv_channel<kK>(static_cast<int64_t>(b - split_ctas) * blockDim.x + threadIdx.x, conv.x, conv.state,
+                       conv.state_before, conv.w, conv.y, conv.M, conv.C, kK);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -786,6 +819,59 @@ bool launch_matmul_split_group(const DevWeight* const* ws, float* const* ys, int
     case kBF16: run_split_group<kBF16>(ws, ys, n, x, M, xvec, s); return true;
     case kQ8_0: run_split_group<kQ8_0>(ws, ys, n, x, M, xvec, s); return true;
     default: return false;  // the other types: one matmul each
+  }
+}
+
+namespace {
+template <int T, int R>
+void launch_split_gdn_conv_rows(const DevWeight* const* ws, float* const* ys, int n, const float* x, bool xvec,
+                                const ConvArgs& conv, cudaStream_t s) {
+  constexpr int NS = SplitCfg<T, R>::NR;
+  SplitGroup g{};
+  g.nparts = n;
+  unsigned gx = 0;
+  for (int k = 0; k < n; ++k) {
+    gx += ceil_div_u(ws[k]->out, NS);
+    g.part[k] = SplitPart{ws[k]->data, ws[k]->row_stride, ws[k]->out, ys[k], static_cast<int>(gx)};
+  }
+  const int threads = split_warps(ws[0]->in) * 32;
+  const unsigned conv_ctas = ceil_div_u(conv.C, threads);
+  launch_pdl(split_gdn_conv_kernel<T, R, 4>, dim3(gx + conv_ctas), threads, 0, s, g, ws[0]->in, x, xvec,
+             static_cast<int>(gx), conv);
+}
+template <int T>
+void launch_split_gdn_conv(const DevWeight* const* ws, float* const* ys, int n, const float* x, bool xvec,
+                           const ConvArgs& conv, cudaStream_t s) {
+  switch (conv.M) {
+    case 1: launch_split_gdn_conv_rows<T, 1>(ws, ys, n, x, xvec, conv, s); break;
+    case 2: launch_split_gdn_conv_rows<T, 2>(ws, ys, n, x, xvec, conv, s); break;
+    case 3: launch_split_gdn_conv_rows<T, 3>(ws, ys, n, x, xvec, conv, s); break;
+    case 4: launch_split_gdn_conv_rows<T, 4>(ws, ys, n, x, xvec, conv, s); break;
+    case 5: launch_split_gdn_conv_rows<T, 5>(ws, ys, n, x, xvec, conv, s); break;
+    case 6: launch_split_gdn_conv_rows<T, 6>(ws, ys, n, x, xvec, conv, s); break;
+    case 7: launch_split_gdn_conv_rows<T, 7>(ws, ys, n, x, xvec, conv, s); break;
+    default: launch_split_gdn_conv_rows<T, 8>(ws, ys, n, x, xvec, conv, s); break;
+  }
+}
+}  // namespace
+
+bool launch_split_group_gdn_conv(const DevWeight* const* ws, float* const* ys, int n, const float* mx, int64_t M,
+                                 const float* x, float* state, float* state_before, const float* w, float* y,
+                                 int64_t C, int64_t K, cudaStream_t s) {
+  // The split group's own conditions, one row tile, and the conv's decode form with 4 taps (Qwen3.5's).
+  if (n < 1 || n > kTernaryMaxGroup || M < 1 || M > kMaxR || C <= 0 || K != 4) return false;
+  for (int k = 0; k < n; ++k)
+    if (ws[k]->layout != Layout::kBlocks || ws[k]->type != ws[0]->type || ws[k]->in != ws[0]->in ||
+        ws[k]->in % 8 != 0 || !use_split(ws[k]->in, ws[k]->out))
+      return false;
+  const bool xvec = reinterpret_cast<uintptr_t>(mx) % 16 == 0 && ws[0]->in % 4 == 0;
+  const ConvArgs conv{x, state, state_before, w, y, M, C};
+  switch (ws[0]->type) {
+    case kF32: launch_split_gdn_conv<kF32>(ws, ys, n, mx, xvec, conv, s); return true;
+    case kF16: launch_split_gdn_conv<kF16>(ws, ys, n, mx, xvec, conv, s); return true;
+    case kBF16: launch_split_gdn_conv<kBF16>(ws, ys, n, mx, xvec, conv, s); return true;
+    case kQ8_0: launch_split_gdn_conv<kQ8_0>(ws, ys, n, mx, xvec, conv, s); return true;
+    default: return false;
   }
 }
 

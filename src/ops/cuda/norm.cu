@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/gdn_conv.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/xq_record.cuh"
 
@@ -150,64 +151,10 @@ __global__ void gdn_gates_kernel(float* a, float* b, const float* dt_bias, const
   a[i] = ssm_a[h] * softplus_f(a[i] + dt_bias[h]);
 }
 
-// One thread per channel, rows in order; the last K-1 inputs in a register window (K <= kMaxK).
-constexpr int kMaxK = 16;
-
-// One row of a channel: silu(sum_{j<H} w[j] * win[j] + w[H] * xin) in that order, then the window
-// moves on by xin. Both conv kernels use it, so they give the same bits.
-__device__ __forceinline__ float conv_step(float (&win)[kMaxK], const float (&wc)[kMaxK], int H, float xin) {
-  float acc = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxK; ++j)
-    if (j < H) acc += wc[j] * win[j];
-  float wl = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxK; ++j)
-    if (j == H) wl = wc[j];
-  acc += wl * xin;
-#pragma unroll
-  for (int j = 0; j + 1 < kMaxK; ++j)
-    if (j + 1 < H) win[j] = win[j + 1];
-#pragma unroll
-  for (int j = 0; j < kMaxK; ++j)
-    if (j == H - 1) win[j] = xin;
-  return silu_f(acc);
-}
 template <int kK>
 __global__ void gdn_conv_kernel(const float* x, float* state, float* __restrict__ state_before,
                                 const float* __restrict__ w, float* y, int64_t M, int64_t C, int K_rt) {
-  const int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  const int K = kK > 0 ? kK : K_rt;
-  const int H = K - 1;
-  float win[kMaxK];
-  float wc[kMaxK];
-#pragma unroll
-  for (int j = 0; j < kMaxK; ++j) wc[j] = (c < C && j < K) ? w[c * K + j] : 0.0f;  // constants: before the wait
-  pdl_wait();
-  if (c >= C) return;
-#pragma unroll
-  for (int j = 0; j < kMaxK; ++j) win[j] = (j < H) ? state[j * C + c] : 0.0f;
-  if (state_before)  // the undo checkpoint, from the window just loaded
-#pragma unroll
-    for (int j = 0; j < kMaxK; ++j)
-      if (j < H) state_before[j * C + c] = win[j];
-  // Several rows: in batches of kConvBatch, the batch's inputs loaded together (one round trip instead of
-  // one per row: verify's 8 rows), then the steps in order. Each input is read before its output row is
-  // written (y may be x). One row (decode) keeps the plain step: the batched form made the 27B decode step's
-  // conv 1.2 -> 1.9 us (S9-5).
-  constexpr int kConvBatch = 8;
-  if (M == 1) y[c] = conv_step(win, wc, H, x[c]);
-  for (int64_t m0 = 0; M > 1 && m0 < M; m0 += kConvBatch) {
-    float xin[kConvBatch];
-#pragma unroll
-    for (int u = 0; u < kConvBatch; ++u) xin[u] = m0 + u < M ? x[(m0 + u) * C + c] : 0.0f;
-#pragma unroll
-    for (int u = 0; u < kConvBatch; ++u)
-      if (m0 + u < M) y[(m0 + u) * C + c] = conv_step(win, wc, H, xin[u]);
-  }
-#pragma unroll
-  for (int j = 0; j < kMaxK; ++j)
-    if (j < H) state[j * C + c] = win[j];
+  gdn_conv_channel<kK>(blockIdx.x * (int64_t)blockDim.x + threadIdx.x, x, state, state_before, w, y, M, C, K_rt);
 }
 
 // Prefill form (M >= kConvRowsPerThread): threads over (channel, run of kConvRowsPerThread rows), each
