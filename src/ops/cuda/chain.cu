@@ -54,6 +54,7 @@ struct ChainArgs {
   int32_t* meta;
   int64_t dim;
   float eps;
+  bool local_norm;  // norm: DFLASH_CUDA_SKIP=normcluster (a diagnostic): no cluster, the chunk's own sum
 };
 
 // 4 consecutive floats (one 16-byte load when p is aligned; p's alignment is the same in every thread
@@ -167,16 +168,22 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
     if (lane == 0) wsum[warp] = ss;
     __syncthreads();
     if (tid == 0) chunk_ss = ((wsum[0] + wsum[1]) + (wsum[2] + wsum[3])) + ((wsum[4] + wsum[5]) + (wsum[6] + wsum[7]));
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();  // every chunk's sum is published
-    float tot = 0.0f;
-    for (unsigned s = 0; s < cluster.num_blocks(); ++s) tot += *cluster.map_shared_rank(&chunk_ss, s);
-    // No CTA may leave while another still reads its chunk_ss: this CTA arrives at the closing cluster
-    // barrier now and waits for the others at its end, so its rotation and quantization run meanwhile
-    // (a full cluster.sync() here instead: decode 4.58 / 4.63 / 4.57 ms vs 4.64 / 4.59 / 4.57, verify
-    // 7.66 / 7.70 / 7.50 vs 7.50 / 7.47 / 7.47, alternating on one H200, S12-6).
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-    const float inv = 1.0f / sqrtf(tot / static_cast<float>(a.dim) + a.eps);
+    float inv;
+    if (a.local_norm) {  // the diagnostic (wrong results): what the norm costs without the exchange
+      __syncthreads();
+      inv = 1.0f / sqrtf(chunk_ss * static_cast<float>(gridDim.x) / static_cast<float>(a.dim) + a.eps);
+    } else {
+      cg::cluster_group cluster = cg::this_cluster();
+      cluster.sync();  // every chunk's sum is published
+      float tot = 0.0f;
+      for (unsigned s = 0; s < cluster.num_blocks(); ++s) tot += *cluster.map_shared_rank(&chunk_ss, s);
+      // No CTA may leave while another still reads its chunk_ss: this CTA arrives at the closing cluster
+      // barrier now and waits for the others at its end, so its rotation and quantization run meanwhile
+      // (a full cluster.sync() here instead: decode 4.58 / 4.63 / 4.57 ms vs 4.64 / 4.59 / 4.57, verify
+      // 7.66 / 7.70 / 7.50 vs 7.50 / 7.47 / 7.47, alternating on one H200, S12-6).
+      asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+      inv = 1.0f / sqrtf(tot / static_cast<float>(a.dim) + a.eps);
+    }
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const float q = v[k] * inv;
@@ -239,7 +246,8 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
     const int64_t blk = xq_record_index(r, c0 / 128 + warp, gridDim.y);
     warp_quantize_x24(e4, lane, r, a.xq + blk * kXqRecordBytes, a.meta + blk * 4);
   }
-  if constexpr (kMode == 0) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  if constexpr (kMode == 0)
+    if (!a.local_norm) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
 }  // namespace
@@ -255,16 +263,17 @@ bool chain_supported(int64_t dim, int64_t block, bool norm) {
 
 void launch_norm_rotate_quantize(float* x, const float* res, int res_parts, const float* w, float* n,
                                  const float* signs, float* y, void* xq, int64_t rows, int64_t dim, float eps,
-                                 bool rotate, cudaStream_t s) {
+                                 bool rotate, bool local_norm, cudaStream_t s) {
   if (rows <= 0) return;
   ChainArgs a{};
   a.x = x, a.res = res, a.res_parts = res_parts, a.res_stride = rows * dim, a.w = w, a.n = n, a.signs = signs, a.y = rotate ? y : nullptr, a.dim = dim, a.eps = eps;
   a.rotate = rotate;
+  a.local_norm = local_norm;
   a.xq = static_cast<uint8_t*>(xq);
   a.meta = xq_meta(a.xq, rows, dim);
   const unsigned chunks = static_cast<unsigned>(dim / kChunk);
   (void)launch_ex(chain_kernel<0>, dim3(chunks, static_cast<unsigned>(rows)), dim3(kThreads), 0, s,
-                  dim3(chunks, 1, 1), pdl_enabled(), a);
+                  dim3(local_norm ? 1 : chunks, 1, 1), pdl_enabled(), a);
 }
 
 // The elementwise chains (no cluster): kMode 1 SwiGLU (in0 = gate, in1 = up), 3 the sigmoid gate

@@ -327,7 +327,7 @@ class CudaBackend final : public Backend {
       const bool rotate = rot.block > 0;
       run_chain(rotate ? y : n, rows, dim, "residual_norm_rotate", [&](void* xq) {
         cuda::launch_norm_rotate_quantize(x, res, res_parts, w, n, rot.signs, y, xq, rows, dim, eps, rotate,
-                                          stream_);
+                                          (skip_ & kSkipNormCluster) != 0, stream_);
       });
       return;
     }
@@ -620,7 +620,7 @@ class CudaBackend final : public Backend {
   // (DFLASH_CUDA_CONV_MATMULS=0: matmul_group, then gdn_conv).
   void gdn_conv_and_matmuls(std::span<const MatmulOut> outs, const float* mx, const float* x, float* state,
                             float* state_before, const float* w, float* y, int64_t M, int64_t C, int64_t K) override {
-    if (conv_matmuls_ && split_group_ && !skip_ && outs.size() <= static_cast<size_t>(cuda::kTernaryMaxGroup)) {
+    if (conv_matmuls_ && split_group_ && !(skip_ & (kSkipMatmul | kSkipStream | kSkipGdn)) && outs.size() <= static_cast<size_t>(cuda::kTernaryMaxGroup)) {
       cuda::DevWeight dws[cuda::kTernaryMaxGroup];
       const cuda::DevWeight* ws[cuda::kTernaryMaxGroup] = {};
       float* ys[cuda::kTernaryMaxGroup] = {};
@@ -887,11 +887,13 @@ class CudaBackend final : public Backend {
 
   // Diagnostics, never for results: DFLASH_CUDA_SKIP=matmul,chain,attention,gdn (any of them) leaves
   // those ops out (their outputs keep whatever the buffers held), =stream replaces each decode / verify
-  // matmul (and group) by a bare read of its weights' bytes, =chainbody each chain by an empty kernel.
+  // matmul (and group) by a bare read of its weights' bytes, =chainbody each chain by an empty kernel,
+  // =normcluster the residual norm chain's cluster by a CTA-local sum (each chunk normed by its own
+  // sum of squares: what the chain would cost if it needed no exchange between its CTAs).
   // Timing the step graphs with one class left out places that class's share of the real, overlapped
   // step, which ncu (kernels run alone) cannot.
   enum : unsigned { kSkipMatmul = 1, kSkipStream = 2, kSkipChain = 4, kSkipAttention = 8, kSkipGdn = 16,
-                    kSkipChainBody = 32 };
+                    kSkipChainBody = 32, kSkipNormCluster = 64 };
   static unsigned parse_skip() {
     const char* v = std::getenv("DFLASH_CUDA_SKIP");
     if (!v) return 0;
@@ -906,7 +908,9 @@ class CudaBackend final : public Backend {
       else if (t == "attention") m |= kSkipAttention;
       else if (t == "gdn") m |= kSkipGdn;
       else if (t == "chainbody") m |= kSkipChainBody;
-      else if (!t.empty()) fail("DFLASH_CUDA_SKIP: unknown class '{}' (matmul, stream, chain, chainbody, attention, gdn)", t);
+      else if (t == "normcluster") m |= kSkipNormCluster;
+      else if (!t.empty())
+        fail("DFLASH_CUDA_SKIP: unknown class '{}' (matmul, stream, chain, chainbody, normcluster, attention, gdn)", t);
       s = c == std::string_view::npos ? std::string_view() : s.substr(c + 1);
     }
     if (m) fmt::print(stderr, "warning: DFLASH_CUDA_SKIP={} (a timing diagnostic: results are wrong)\n", v);

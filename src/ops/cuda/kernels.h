@@ -257,10 +257,11 @@ constexpr int64_t kTopKMax = 64;
 // xq holds the quantization of n (norm) or y (swiglu); the norm chain then leaves y untouched).
 bool chain_supported(int64_t dim, int64_t block, bool norm);
 // res: null, or the residual as res_parts parts [res_parts][rows][dim] (Backend::matmul_parts), added
-// in part order.
+// in part order. local_norm: a timing diagnostic (DFLASH_CUDA_SKIP=normcluster, wrong results): no
+// cluster, each 1024-chunk normed by its own sum of squares.
 void launch_norm_rotate_quantize(float* x, const float* res, int res_parts, const float* w, float* n,
                                  const float* signs, float* y, void* xq, int64_t rows, int64_t dim, float eps,
-                                 bool rotate, cudaStream_t s);
+                                 bool rotate, bool local_norm, cudaStream_t s);
 void launch_swiglu_rotate_quantize(const float* gate, const float* up, const float* signs, float* y, void* xq,
                                    int64_t rows, int64_t dim, bool rotate, cudaStream_t s);
 // Backend::sigmoid_gate_rotate: y = x * sigmoid(gate), rotated (rotate) and quantized (xq not null).
