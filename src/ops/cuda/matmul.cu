@@ -28,6 +28,7 @@
 //               warp's; still a fixed order that depends on K only).
 //   mm_naive    plain types with K not a multiple of 8: lane L takes elements L, L + 32, ...
 #include <algorithm>
+#include <type_traits>
 
 #include <cooperative_groups.h>
 
@@ -724,19 +725,60 @@ void dispatch_tiles(int64_t M, int64_t in, int64_t out, const float* x, float* y
   }
 }
 
+// The split kernel's group of n weights (outputs ys) at R rows per tile; gx receives its CTAs per tile.
 template <int T, int R>
-void launch_split_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t tiles, bool xvec,
-                        cudaStream_t s) {
+SplitGroup split_group_of(const DevWeight* const* ws, float* const* ys, int n, unsigned& gx) {
   constexpr int NS = SplitCfg<T, R>::NR;
   SplitGroup g{};
   g.nparts = n;
-  unsigned gx = 0;
+  gx = 0;
   for (int k = 0; k < n; ++k) {
     gx += ceil_div_u(ws[k]->out, NS);
     g.part[k] = SplitPart{ws[k]->data, ws[k]->row_stride, ws[k]->out, ys[k], static_cast<int>(gx)};
   }
+  return g;
+}
+
+template <int T, int R>
+void launch_split_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t tiles, bool xvec,
+                        cudaStream_t s) {
+  unsigned gx = 0;
+  const SplitGroup g = split_group_of<T, R>(ws, ys, n, gx);
   launch_pdl(mm_blocks_split_kernel<T, R>, dim3(gx, static_cast<unsigned>(tiles)), split_warps(ws[0]->in) * 32, 0, s,
              g, ws[0]->in, x, xvec);
+}
+
+// f(std::integral_constant<int, R>{}) for R = rows, 1 .. kMaxR (the split kernel's rows per tile).
+template <class F>
+void with_split_rows(int64_t rows, F&& f) {
+  switch (rows) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
+
+// Whether n weights can go through the split kernel as one group (launch_matmul_split_group's rule), and
+// then f(std::integral_constant<int, T>{}) for their type T.
+template <class F>
+bool with_split_group_type(const DevWeight* const* ws, int n, F&& f) {
+  if (n < 1 || n > kTernaryMaxGroup) return false;
+  for (int k = 0; k < n; ++k)
+    if (ws[k]->layout != Layout::kBlocks || ws[k]->type != ws[0]->type || ws[k]->in != ws[0]->in ||
+        ws[k]->in % 8 != 0 || !use_split(ws[k]->in, ws[k]->out))
+      return false;
+  switch (ws[0]->type) {
+    case kF32: f(std::integral_constant<int, kF32>{}); return true;
+    case kF16: f(std::integral_constant<int, kF16>{}); return true;
+    case kBF16: f(std::integral_constant<int, kBF16>{}); return true;
+    case kQ8_0: f(std::integral_constant<int, kQ8_0>{}); return true;
+    default: return false;  // the other types: one matmul each
+  }
 }
 
 template <int T>
@@ -792,87 +834,34 @@ void run_split_group(const DevWeight* const* ws, float* const* ys, int n, const 
   float* yr[kTernaryMaxGroup];
   for (int k = 0; k < n; ++k) yr[k] = ys[k] + full * kMaxR * ws[k]->out;
   const float* xr = x + full * kMaxR * in;
-  switch (rest) {
-    case 1: launch_split_group<T, 1>(ws, yr, n, xr, 1, xvec, s); break;
-    case 2: launch_split_group<T, 2>(ws, yr, n, xr, 1, xvec, s); break;
-    case 3: launch_split_group<T, 3>(ws, yr, n, xr, 1, xvec, s); break;
-    case 4: launch_split_group<T, 4>(ws, yr, n, xr, 1, xvec, s); break;
-    case 5: launch_split_group<T, 5>(ws, yr, n, xr, 1, xvec, s); break;
-    case 6: launch_split_group<T, 6>(ws, yr, n, xr, 1, xvec, s); break;
-    default: launch_split_group<T, 7>(ws, yr, n, xr, 1, xvec, s); break;
-  }
+  with_split_rows(rest, [&](auto R) { launch_split_group<T, decltype(R)::value>(ws, yr, n, xr, 1, xvec, s); });
 }
 
 }  // namespace
 
 bool launch_matmul_split_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
                                cudaStream_t s) {
-  if (n < 1 || n > kTernaryMaxGroup || M <= 0 || M > 65535 * kMaxR) return false;
-  for (int k = 0; k < n; ++k)
-    if (ws[k]->layout != Layout::kBlocks || ws[k]->type != ws[0]->type || ws[k]->in != ws[0]->in ||
-        ws[k]->in % 8 != 0 || !use_split(ws[k]->in, ws[k]->out))
-      return false;
-  const bool xvec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ws[0]->in % 4 == 0;
-  switch (ws[0]->type) {
-    case kF32: run_split_group<kF32>(ws, ys, n, x, M, xvec, s); return true;
-    case kF16: run_split_group<kF16>(ws, ys, n, x, M, xvec, s); return true;
-    case kBF16: run_split_group<kBF16>(ws, ys, n, x, M, xvec, s); return true;
-    case kQ8_0: run_split_group<kQ8_0>(ws, ys, n, x, M, xvec, s); return true;
-    default: return false;  // the other types: one matmul each
-  }
+  if (M <= 0 || M > 65535 * kMaxR) return false;
+  const bool xvec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && n > 0 && ws[0]->in % 4 == 0;
+  return with_split_group_type(ws, n, [&](auto T) { run_split_group<decltype(T)::value>(ws, ys, n, x, M, xvec, s); });
 }
-
-namespace {
-template <int T, int R>
-void launch_split_gdn_conv_rows(const DevWeight* const* ws, float* const* ys, int n, const float* x, bool xvec,
-                                const ConvArgs& conv, cudaStream_t s) {
-  constexpr int NS = SplitCfg<T, R>::NR;
-  SplitGroup g{};
-  g.nparts = n;
-  unsigned gx = 0;
-  for (int k = 0; k < n; ++k) {
-    gx += ceil_div_u(ws[k]->out, NS);
-    g.part[k] = SplitPart{ws[k]->data, ws[k]->row_stride, ws[k]->out, ys[k], static_cast<int>(gx)};
-  }
-  const int threads = split_warps(ws[0]->in) * 32;
-  const unsigned conv_ctas = ceil_div_u(conv.C, threads);
-  launch_pdl(split_gdn_conv_kernel<T, R, 4>, dim3(gx + conv_ctas), threads, 0, s, g, ws[0]->in, x, xvec,
-             static_cast<int>(gx), conv);
-}
-template <int T>
-void launch_split_gdn_conv(const DevWeight* const* ws, float* const* ys, int n, const float* x, bool xvec,
-                           const ConvArgs& conv, cudaStream_t s) {
-  switch (conv.M) {
-    case 1: launch_split_gdn_conv_rows<T, 1>(ws, ys, n, x, xvec, conv, s); break;
-    case 2: launch_split_gdn_conv_rows<T, 2>(ws, ys, n, x, xvec, conv, s); break;
-    case 3: launch_split_gdn_conv_rows<T, 3>(ws, ys, n, x, xvec, conv, s); break;
-    case 4: launch_split_gdn_conv_rows<T, 4>(ws, ys, n, x, xvec, conv, s); break;
-    case 5: launch_split_gdn_conv_rows<T, 5>(ws, ys, n, x, xvec, conv, s); break;
-    case 6: launch_split_gdn_conv_rows<T, 6>(ws, ys, n, x, xvec, conv, s); break;
-    case 7: launch_split_gdn_conv_rows<T, 7>(ws, ys, n, x, xvec, conv, s); break;
-    default: launch_split_gdn_conv_rows<T, 8>(ws, ys, n, x, xvec, conv, s); break;
-  }
-}
-}  // namespace
 
 bool launch_split_group_gdn_conv(const DevWeight* const* ws, float* const* ys, int n, const float* mx, int64_t M,
                                  const float* x, float* state, float* state_before, const float* w, float* y,
                                  int64_t C, int64_t K, cudaStream_t s) {
-  // The split group's own conditions, one row tile, and the conv's decode form with 4 taps (Qwen3.5's).
-  if (n < 1 || n > kTernaryMaxGroup || M < 1 || M > kMaxR || C <= 0 || K != 4) return false;
-  for (int k = 0; k < n; ++k)
-    if (ws[k]->layout != Layout::kBlocks || ws[k]->type != ws[0]->type || ws[k]->in != ws[0]->in ||
-        ws[k]->in % 8 != 0 || !use_split(ws[k]->in, ws[k]->out))
-      return false;
-  const bool xvec = reinterpret_cast<uintptr_t>(mx) % 16 == 0 && ws[0]->in % 4 == 0;
+  // The split group's own rule, one row tile, and the conv's decode form with 4 taps (Qwen3.5's).
+  if (M < 1 || M > kMaxR || C <= 0 || K != 4) return false;
+  const bool xvec = reinterpret_cast<uintptr_t>(mx) % 16 == 0 && n > 0 && ws[0]->in % 4 == 0;
   const ConvArgs conv{x, state, state_before, w, y, M, C};
-  switch (ws[0]->type) {
-    case kF32: launch_split_gdn_conv<kF32>(ws, ys, n, mx, xvec, conv, s); return true;
-    case kF16: launch_split_gdn_conv<kF16>(ws, ys, n, mx, xvec, conv, s); return true;
-    case kBF16: launch_split_gdn_conv<kBF16>(ws, ys, n, mx, xvec, conv, s); return true;
-    case kQ8_0: launch_split_gdn_conv<kQ8_0>(ws, ys, n, mx, xvec, conv, s); return true;
-    default: return false;
-  }
+  return with_split_group_type(ws, n, [&](auto T) {
+    with_split_rows(M, [&](auto R) {
+      unsigned gx = 0;
+      const SplitGroup g = split_group_of<decltype(T)::value, decltype(R)::value>(ws, ys, n, gx);
+      const int threads = split_warps(ws[0]->in) * 32;
+      launch_pdl(split_gdn_conv_kernel<decltype(T)::value, decltype(R)::value, 4>, dim3(gx + ceil_div_u(C, threads)),
+                 threads, 0, s, g, ws[0]->in, mx, xvec, static_cast<int>(gx), conv);
+    });
+  });
 }
 
 bool matmul_supported(int type) {
