@@ -109,7 +109,9 @@ TEST(CudaMatmulParts, ResidualNormAddsThePartsInOrder) {
       Buf<float> xg(gpu(), xin), res(gpu(), M * c.dim), parts(gpu(), 8 * M * c.dim), wb(gpu(), nw), sg(gpu(), signs);
       gpu().matmul(w, xg, res, M);
       const int n = gpu().matmul_parts(w, xg, parts, M, 8 * M);
-      if (parts_enabled()) EXPECT_GT(n, 1) << shp << ": no k split, the case checks nothing";
+      if (parts_enabled()) {
+        EXPECT_GT(n, 1) << shp << ": no k split, the case checks nothing";
+      }
       Backend::Rotation rot;
       if (c.rotate) rot = {sg, nullptr, 1024};
       Buf<float> xa(gpu(), x0), na(gpu(), M * c.dim), ya(gpu(), M * c.dim);
@@ -149,7 +151,9 @@ TEST(CudaMatmulParts, DrafterConvReadsTheParts) {
       Buf<float> xg(gpu(), xin), whole(gpu(), M * C), parts(gpu(), 8 * M * C), bg(gpu(), base), dg(gpu(), d);
       gpu().matmul(w, xg, whole, M);
       const int n = gpu().matmul_parts(w, xg, parts, M, 8 * M);
-      if (parts_enabled()) EXPECT_GT(n, 1) << shp << ": no k split, the case checks nothing";
+      if (parts_enabled()) {
+        EXPECT_GT(n, 1) << shp << ": no k split, the case checks nothing";
+      }
       Buf<float> ya(gpu(), x0), yb(gpu(), x0);  // the residual stream, updated in place
       gpu().dflash_conv(whole, bg, dg, d_stride, ya, ya, M, C, K, group);
       gpu().dflash_conv_parts(parts, n, bg, dg, d_stride, yb, yb, M, C, K, group);
