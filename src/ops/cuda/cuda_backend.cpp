@@ -275,28 +275,23 @@ class CudaBackend final : public Backend {
       skipped_matmul(dws, n);
       return;
     }
-    bool one_launch = outs.size() >= 2 && outs.size() <= static_cast<size_t>(cuda::kTernaryMaxGroup);
-    for (size_t i = 0; one_launch && i < outs.size(); ++i) {
-      dws[i] = dev_weight(*outs[i].w, "matmul_group");
+    if (outs.size() < 2 || outs.size() > static_cast<size_t>(cuda::kTernaryMaxGroup)) {
+      Backend::matmul_group(outs, x, M);
+      return;
+    }
+    gather_group(outs, "matmul_group", dws, ws, ys);
+    bool one_launch = true;
+    for (size_t i = 0; i < outs.size(); ++i) {
       const bool mma = dws[i].layout == cuda::Layout::kTernaryMma ||
                        (dws[i].layout == cuda::Layout::kKQuantMma && dws[i].type == dws[0].type);
-      one_launch = mma && dws[i].layout == dws[0].layout && dws[i].in == dws[0].in;
-      ws[i] = &dws[i];
-      ys[i] = outs[i].y;
+      one_launch = one_launch && mma && dws[i].layout == dws[0].layout && dws[i].in == dws[0].in;
     }
     if (!one_launch) {
       // Small block-layout weights of one type (GDN alpha | beta): one launch of the k-split kernel.
-      if (split_group_ && outs.size() >= 2 && outs.size() <= static_cast<size_t>(cuda::kTernaryMaxGroup)) {
-        for (size_t i = 0; i < outs.size(); ++i) {
-          dws[i] = dev_weight(*outs[i].w, "matmul_group");
-          ws[i] = &dws[i];
-          ys[i] = outs[i].y;
-        }
-        if (cuda::launch_matmul_split_group(ws, ys, static_cast<int>(outs.size()), x, M, stream_)) {
-          for (size_t i = 0; i < outs.size(); ++i) note_write(ys[i], sizeof(float) * M * dws[i].out);
-          after("matmul");
-          return;
-        }
+      if (split_group_ && cuda::launch_matmul_split_group(ws, ys, static_cast<int>(outs.size()), x, M, stream_)) {
+        note_group_writes(dws, ys, static_cast<int>(outs.size()), M);
+        after("matmul");
+        return;
       }
       Backend::matmul_group(outs, x, M);
       return;
@@ -309,7 +304,7 @@ class CudaBackend final : public Backend {
     else
       cuda::launch_matmul_ternary_group(ws, ys, n, x, M, buf, num_sms_, stream_);
     xq_ = XqKey{x, M, dws[0].in, buf.xq, true};
-    for (int i = 0; i < n; ++i) note_write(ys[i], sizeof(float) * M * dws[i].out);
+    note_group_writes(dws, ys, n, M);
     after("matmul");
   }
   // The residual add joins the norm kernel (one launch fewer). Measured slower at decode than the
@@ -620,18 +615,15 @@ class CudaBackend final : public Backend {
   // (DFLASH_CUDA_CONV_MATMULS=0: matmul_group, then gdn_conv).
   void gdn_conv_and_matmuls(std::span<const MatmulOut> outs, const float* mx, const float* x, float* state,
                             float* state_before, const float* w, float* y, int64_t M, int64_t C, int64_t K) override {
-    if (conv_matmuls_ && split_group_ && !(skip_ & (kSkipMatmul | kSkipStream | kSkipGdn)) && outs.size() <= static_cast<size_t>(cuda::kTernaryMaxGroup)) {
+    const bool skipping = skip_ & (kSkipMatmul | kSkipStream | kSkipGdn);  // diagnostics: the ops apart
+    if (conv_matmuls_ && split_group_ && !skipping && outs.size() <= static_cast<size_t>(cuda::kTernaryMaxGroup)) {
       cuda::DevWeight dws[cuda::kTernaryMaxGroup];
       const cuda::DevWeight* ws[cuda::kTernaryMaxGroup] = {};
       float* ys[cuda::kTernaryMaxGroup] = {};
-      for (size_t i = 0; i < outs.size(); ++i) {
-        dws[i] = dev_weight(*outs[i].w, "gdn_conv_and_matmuls");
-        ws[i] = &dws[i];
-        ys[i] = outs[i].y;
-      }
-      if (cuda::launch_split_group_gdn_conv(ws, ys, static_cast<int>(outs.size()), mx, M, x, state, state_before, w,
-                                            y, C, K, stream_)) {
-        for (size_t i = 0; i < outs.size(); ++i) note_write(ys[i], sizeof(float) * M * dws[i].out);
+      gather_group(outs, "gdn_conv_and_matmuls", dws, ws, ys);
+      const int n = static_cast<int>(outs.size());
+      if (cuda::launch_split_group_gdn_conv(ws, ys, n, mx, M, x, state, state_before, w, y, C, K, stream_)) {
+        note_group_writes(dws, ys, n, M);
         note_write(y, sizeof(float) * M * C);
         after("gdn_conv_and_matmuls");
         return;
@@ -845,6 +837,18 @@ class CudaBackend final : public Backend {
       xq_reused_ += buf.xq_ready;
     }
     return buf;
+  }
+  // The device weights of a group's outputs (outs.size() <= kTernaryMaxGroup): dws[i], ws[i] = &dws[i], ys[i].
+  void gather_group(std::span<const MatmulOut> outs, const char* op, cuda::DevWeight* dws,
+                    const cuda::DevWeight** ws, float** ys) const {
+    for (size_t i = 0; i < outs.size(); ++i) {
+      dws[i] = dev_weight(*outs[i].w, op);
+      ws[i] = &dws[i];
+      ys[i] = outs[i].y;
+    }
+  }
+  void note_group_writes(const cuda::DevWeight* dws, float* const* ys, int n, int64_t M) {
+    for (int i = 0; i < n; ++i) note_write(ys[i], sizeof(float) * M * dws[i].out);
   }
   // Drops the quantized-activation cache when [p, p + bytes) overlaps the cached input.
   void note_write(const void* p, size_t bytes) {
