@@ -1,7 +1,7 @@
 // bench_cuda_ops: CUDA backend throughput against the measured streaming-read floor.
 //
 //   bench_cuda_ops [--quick] [--model FILE.gguf [--model-only] [--tokens N]] [--gdn] [--prefill] [--attn-prefill]
-//                  [--attention] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]
+//                  [--attention] [--boundary] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]
 //
 // --matmul runs section 2 alone for one type (and shape, e.g. ptq1_0:attn_qkv: a target for ncu);
 // --warm-l2 then times one copy of the matrix, served from L2 when it fits (latency vs bandwidth).
@@ -20,6 +20,11 @@
 //    sequential recurrence at the 27B shape for M = 64..512, and tok/s of 48 GDN layers alone.
 // 6. Prefill matmul (bench_matmul_prefill, also alone with --prefill): matmul_prefill at the 27B
 //    shapes for M = 64..512 in us and TFLOP/s, against the GEMV fallback.
+// 8. Kernel boundaries (--boundary, alone): what one dependent kernel costs inside a CUDA graph, per
+//    link of a 600-kernel chain whose kernels each read the whole previous output, for three ways of
+//    waiting (stream order, programmatic dependent launch, arrival counters in global memory) and three
+//    grid patterns (132 CTAs, 5 CTAs like the residual norm chain, a decode-like mix). The floor under
+//    the one-kernel-per-op design: a step of ~670 kernels cannot take less than ~670 of these.
 // 7. Prefill attention (bench_attention_prefill, also alone with --attn-prefill, and with --prefill):
 //    attention_prefill at the 27B shape (24 / 4 heads x 256, causal, M rows at the end of the cache)
 //    against attention() (the decode / verify kernel prefill used before).
@@ -286,9 +291,28 @@ void bench_attention_prefill(Backend& be, Out& out) {
 
 }  // namespace
 
+// Section 8: microseconds per kernel of a 600-kernel dependent chain in one graph (median of 20 replays).
+void bench_boundary(Backend& be, Out& out) {
+  struct Pattern {
+    const char* name;
+    std::vector<int> ctas;
+  };
+  const std::vector<Pattern> patterns = {{"132 CTAs each", {132}},
+                                         {"5 CTAs each (the residual norm chain's grid)", {5}},
+                                         {"5, 264, 5, 48 CTAs in turn (a decode-like mix)", {5, 264, 5, 48}}};
+  constexpr int kLinks = 600, kIters = 20;
+  out.line("| grids | stream order us | PDL us | PDL + arrival counters us |");
+  out.line("|---|---:|---:|---:|");
+  for (const Pattern& p : patterns) {
+    double us[3];
+    for (int sync = 0; sync < 3; ++sync) us[sync] = cuda::kernel_boundary_us(be, sync, p.ctas, kLinks, kIters);
+    out.line(fmt::format("| {} | {:.2f} | {:.2f} | {:.2f} |", p.name, us[0], us[1], us[2]));
+  }
+}
+
 int main(int argc, char** argv) {
   bool quick = false, model_only = false, gdn_only = false, prefill_only = false, attn_prefill_only = false,
-       attn_only = false;
+       attn_only = false, boundary_only = false;
   std::string model_path, drafter_path, out_path, only_type, only_shape;  // --matmul TYPE[:SHAPE]: that matmul alone
   bool warm_l2 = false;  // --warm-l2: one copy of the matrix (served from L2 when it fits): the L2 bound
   int n_tokens = 64;
@@ -302,6 +326,7 @@ int main(int argc, char** argv) {
     else if (a == "--prefill") prefill_only = true;
     else if (a == "--attn-prefill") attn_prefill_only = true;
     else if (a == "--attention") attn_only = true;
+    else if (a == "--boundary") boundary_only = true;
     else if (a == "--model" && i + 1 < argc) model_path = argv[++i];
     else if (a == "--drafter" && i + 1 < argc) drafter_path = argv[++i];
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
@@ -314,7 +339,7 @@ int main(int argc, char** argv) {
       if (colon != std::string::npos) only_shape = v.substr(colon + 1);
     } else {
       fmt::print(stderr,
-                 "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--attn-prefill] [--attention] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]\n");
+                 "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--attn-prefill] [--attention] [--boundary] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]\n");
       return 2;
     }
   }
@@ -329,6 +354,11 @@ int main(int argc, char** argv) {
     if (attn_only) {  // the decode / verify attention rows of section 3 alone
       op_table_header(out);
       bench_attention_decode(*be, out);
+      if (!out_path.empty()) std::ofstream(out_path) << out.md;
+      return 0;
+    }
+    if (boundary_only) {  // section 8
+      bench_boundary(*be, out);
       if (!out_path.empty()) std::ofstream(out_path) << out.md;
       return 0;
     }

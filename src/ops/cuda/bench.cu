@@ -1,4 +1,5 @@
-// Diagnostics: a streaming-read kernel, the bandwidth floor the benchmarks compare against.
+// Diagnostics: a streaming-read kernel, the bandwidth floor the benchmarks compare against; the kernel
+// chain that measures what one dependent kernel boundary costs inside a CUDA graph.
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
 
@@ -50,7 +51,61 @@ __global__ void stream_weights_kernel(const StreamRanges r, int nr, unsigned* __
 
 __global__ void empty_kernel() { pdl_wait(); }
 
+__device__ __forceinline__ unsigned load_acquire_gpu(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// One link of the boundary chain: every CTA reads all kBoundaryWidth floats of `in` (the previous
+// link's output; like a norm, it needs the whole row), sums them, and writes its grid-stride share of
+// `out`. kSync says how it waits for the previous link: 0 stream order (launched without PDL), 1 PDL
+// (griddepcontrol.wait: the previous grid has completed and flushed), 2 PDL launch and arrival counters
+// (thread 0 spins on ld.acquire until the previous link's CTAs have all arrived; each CTA arrives after
+// its stores with a fence and an atomic add), the synchronisation a persistent kernel would use.
+template <int kSync>
+__global__ void __launch_bounds__(256) boundary_kernel(const float* __restrict__ in, float* __restrict__ out,
+                                                       unsigned* __restrict__ arrivals, int link, unsigned prev_ctas) {
+  if constexpr (kSync == 1) pdl_wait();
+  if constexpr (kSync == 2) {
+    if (threadIdx.x == 0 && link > 0)
+      while (load_acquire_gpu(arrivals + link - 1) < prev_ctas) {
+      }
+    __syncthreads();
+  }
+  if constexpr (kSync != 0) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  __shared__ float warp_sums[8];
+  float s = 0.0f;
+  for (int k = threadIdx.x; k < kBoundaryWidth; k += 256) s += in[k];
+  s = warp_sum(s);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = s;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < 8; ++w) total += warp_sums[w];
+  for (int k = blockIdx.x * 256 + threadIdx.x; k < kBoundaryWidth; k += gridDim.x * 256)
+    out[k] = __fmaf_rn(in[k], 0.5f, total * 1e-9f);
+  if constexpr (kSync == 2) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(arrivals + link, 1u);
+    }
+  }
+}
+
 }  // namespace
+
+void launch_boundary_link(int sync, int ctas, const float* in, float* out, unsigned* arrivals, int link,
+                          int prev_ctas, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(ctas)), block(256);
+  const auto prev = static_cast<unsigned>(prev_ctas);
+  if (sync == 0)
+    (void)launch_ex(boundary_kernel<0>, grid, block, 0, s, dim3(1, 1, 1), false, in, out, arrivals, link, prev);
+  else if (sync == 1)
+    (void)launch_ex(boundary_kernel<1>, grid, block, 0, s, dim3(1, 1, 1), true, in, out, arrivals, link, prev);
+  else
+    (void)launch_ex(boundary_kernel<2>, grid, block, 0, s, dim3(1, 1, 1), true, in, out, arrivals, link, prev);
+}
 
 void launch_empty(cudaStream_t s) { launch_pdl(empty_kernel, dim3(1), dim3(32), 0, s); }
 

@@ -1117,5 +1117,30 @@ double read_bandwidth_gbps(Backend& be, size_t bytes, int iters) {
   return static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
 }
 
+double kernel_boundary_us(Backend& be, int sync, const std::vector<int>& ctas, int links, int iters) {
+  CudaBackend& c = as_cuda(be);
+  DFLASH_CHECK(!ctas.empty() && links > 0 && sync >= 0 && sync <= 2, "kernel_boundary_us: bad arguments");
+  const size_t row = sizeof(float) * kBoundaryWidth;
+  auto* a = static_cast<float*>(c.alloc(row));
+  auto* b = static_cast<float*>(c.alloc(row));
+  auto* arrivals = static_cast<unsigned*>(c.alloc(sizeof(unsigned) * links));
+  DFLASH_CUDA_CALL(cudaMemsetAsync(a, 0, row, c.stream()));
+  DFLASH_CUDA_CALL(cudaMemsetAsync(b, 0, row, c.stream()));
+  const auto n = static_cast<int>(ctas.size());
+  const double ms = time_graph_ms(be, 1, iters, [&] {
+    if (sync == 2) DFLASH_CUDA_CALL(cudaMemsetAsync(arrivals, 0, sizeof(unsigned) * links, c.stream()));
+    for (int i = 0; i < links; ++i)
+      launch_boundary_link(sync, ctas[i % n], (i & 1) ? b : a, (i & 1) ? a : b, arrivals, i,
+                           ctas[(i + n - 1) % n], c.stream());
+    const cudaError_t err = cudaGetLastError();
+    DFLASH_CHECK(err == cudaSuccess, "cuda boundary chain: {}", cudaGetErrorString(err));
+  });
+  c.synchronize();
+  c.release(arrivals);
+  c.release(b);
+  c.release(a);
+  return ms * 1e3 / links;
+}
+
 }  // namespace cuda
 }  // namespace dflash

@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ops/backend.h"
 
@@ -72,6 +73,13 @@ void profiler_range(bool start);
 // (16-byte loads, every byte once, a checksum written so nothing is elided), median of iters runs.
 // Returns GB/s (1e9 bytes per second).
 double read_bandwidth_gbps(Backend& be, size_t bytes, int iters);
+
+// What one dependent kernel boundary costs in a CUDA graph: a chain of `links` kernels (CTA counts cycling
+// through `ctas`), each reading the whole previous output (5120 floats) before writing its own, captured
+// once and replayed; returns the median microseconds per link. sync: 0 stream order (no PDL attribute),
+// 1 programmatic dependent launch (griddepcontrol.wait), 2 PDL launch with arrival counters in global
+// memory (the grid-wide hand-off a persistent kernel would use).
+double kernel_boundary_us(Backend& be, int sync, const std::vector<int>& ctas, int links, int iters);
 
 }  // namespace cuda
 }  // namespace dflash

@@ -291,5 +291,11 @@ void launch_read_kernel(const void* src, size_t n16, unsigned* sink, cudaStream_
 void launch_stream_weights(const void* const* src, const size_t* n16, int n, unsigned* sink, cudaStream_t s);
 // DFLASH_CUDA_SKIP=chainbody: an empty one-warp kernel (PDL wait and trigger only) in place of each chain.
 void launch_empty(cudaStream_t s);
+// One link of kernel_boundary_us's chain (bench.cu): `ctas` CTAs read all kBoundaryWidth floats of in and
+// write their share of out, after waiting for link - 1 (sync 0 stream order, 1 PDL, 2 arrival counters:
+// arrivals[link - 1] == prev_ctas; arrivals zeroed before link 0).
+constexpr int kBoundaryWidth = 5120;
+void launch_boundary_link(int sync, int ctas, const float* in, float* out, unsigned* arrivals, int link,
+                          int prev_ctas, cudaStream_t s);
 
 }  // namespace dflash::cuda
