@@ -220,38 +220,39 @@ struct ColMap {
 template <int R>
 struct LaneCols {
   static constexpr int NT = ColMap<R>::kNt;
+  // Columns without a (row < mc, plane < 3) of their own, and rows 2t + h >= mc, read the last staged
+  // row's data instead of zeros: a column of D depends on its own column of B alone, and those columns
+  // and rows are never stored, so the loads need no branch and no zeroed registers (at 8 rows the
+  // zeroing and predication had cost ~25 of the ~460 instructions per block, S18-2).
   int b_off[NT];      // B: byte offset of (row, plane) of column 8 nt + g in an xq stage (words 0-3 of the
-                      // lane's chunk; words 4-7 at b_off ^ 16), -1 if empty
-  int row_meta[2];    // owned rows 2t, 2t + 1: int index of their (S, 2^(E-16)) in the meta, -1 if none
+                      // lane's chunk; words 4-7 at b_off ^ 16)
+  int row_meta[2];    // owned rows 2t, 2t + 1: int index of their (S, 2^(E-16)) in the meta
   __device__ __forceinline__ LaneCols(int mc, int g, int t) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const int cb = 8 * nt + g, pb = cb / R, mb = cb % R;
-      b_off[nt] = pb < 3 && mb < mc ? mb * kXqBytes + pb * 128 + t * 32 + xq_half_swizzle(mb) : -1;
+      const int cb = 8 * nt + g, pb = min(cb / R, 2), mb = min(cb % R, mc - 1);
+      b_off[nt] = mb * kXqBytes + pb * 128 + t * 32 + xq_half_swizzle(mb);
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) row_meta[h] = 2 * t < R && 2 * t + h < mc ? (2 * t + h) * 4 : -1;
+    for (int h = 0; h < 2; ++h) row_meta[h] = min(2 * t + h, mc - 1) * 4;
   }
 };
 
-// The B fragments of a staged block (bq[nt][w]: word w = 2j + h of the lane's column), zero for empty
-// columns, and the 2^(E-16) (sx) and digit sum S (su) of the lane's owned rows.
+// The B fragments of a staged block (bq[nt][w]: word w = 2j + h of the lane's column; a copy of the last
+// row's for columns no row fills), and the 2^(E-16) (sx) and digit sum S (su) of the lane's owned rows.
 template <int R>
 __device__ __forceinline__ void load_acts(const uint8_t* xs, const int32_t* meta, const LaneCols<R>& lc,
                                           uint32_t (&bq)[ColMap<R>::kNt][8], float (&sx)[2], int (&su)[2]) {
 #pragma unroll
   for (int nt = 0; nt < ColMap<R>::kNt; ++nt) {
-    uint4 lo = make_uint4(0, 0, 0, 0), hi = make_uint4(0, 0, 0, 0);
-    if (lc.b_off[nt] >= 0) {
-      lo = *reinterpret_cast<const uint4*>(xs + lc.b_off[nt]);
-      hi = *reinterpret_cast<const uint4*>(xs + (lc.b_off[nt] ^ 16));
-    }
+    const uint4 lo = *reinterpret_cast<const uint4*>(xs + lc.b_off[nt]);
+    const uint4 hi = *reinterpret_cast<const uint4*>(xs + (lc.b_off[nt] ^ 16));
     bq[nt][0] = lo.x, bq[nt][1] = lo.y, bq[nt][2] = lo.z, bq[nt][3] = lo.w;
     bq[nt][4] = hi.x, bq[nt][5] = hi.y, bq[nt][6] = hi.z, bq[nt][7] = hi.w;
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int2 m = lc.row_meta[h] >= 0 ? *reinterpret_cast<const int2*>(meta + lc.row_meta[h]) : make_int2(0, 0);
+    const int2 m = *reinterpret_cast<const int2*>(meta + lc.row_meta[h]);
     su[h] = m.x;
     sx[h] = __int_as_float(m.y);
   }
