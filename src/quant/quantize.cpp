@@ -326,9 +326,15 @@ void q_q6_k(const float* x, uint8_t* dst, int64_t nb) {
 
 // ---- ternary and binary types ---------------------------------------------------------------
 
-// Ternary code of x for scale inverse id: round-half-away(x * id) + 1, clamped to 0..2.
+// Ternary code of x for scale inverse id: round-half-away(x * id) + 1, clamped to 0..2. Where |x * id|
+// <= 2 (always, when d = max|x| is a normal number) comparisons decide it with lround's bits (half away
+// from zero: 0.5 -> 1, -0.5 -> -1) and without its libm call, which had made PTQ1_0 the slowest part
+// of writing a synthetic 27B file (19.7 of 44 ns per weight); anything else (NaN, infinities, an id
+// that overflowed) still goes through std::lround, as the reference does.
 inline int ternary_code(float x, float id) {
-  const long v = std::lround(x * id) + 1;
+  const float t = x * id;
+  if (std::fabs(t) <= 2.0f) return static_cast<int>(t >= 0.5f) + static_cast<int>(t > -0.5f);  // no branch on t
+  const long v = std::lround(t) + 1;
   return v < 0 ? 0 : (v > 2 ? 2 : static_cast<int>(v));
 }
 
@@ -393,8 +399,14 @@ void q_2bit_linear(const float* x, uint8_t* dst, int64_t nb) {
     uint8_t* qs = dst + 2;
     std::memset(qs, 0, kElems / 4);
     for (int j = 0; j < kElems; ++j) {
-      int q = static_cast<int>(std::round(x[j] * id)) + 1;
-      q = q < 0 ? 0 : (q > 3 ? 3 : q);
+      const float t = x[j] * id;
+      int q;
+      if (std::fabs(t) <= 2.0f) {  // std::round's bits (half away from zero), by comparisons: no libm call
+        q = static_cast<int>(t >= 1.5f) + static_cast<int>(t >= 0.5f) + static_cast<int>(t > -0.5f);
+      } else {  // NaN, infinities, an id that overflowed: as the reference
+        q = static_cast<int>(std::round(t)) + 1;
+        q = q < 0 ? 0 : (q > 3 ? 3 : q);
+      }
       qs[j / 4] |= static_cast<uint8_t>(q << (2 * (j % 4)));
     }
   }
