@@ -12,6 +12,9 @@
 #   scripts/gpu_test.sh [--no-test] [--no-bench] [--model27 ptq1_0|pq2_0] [--tokens N]
 #       on the GPU machine, from the repository root: runs test_cuda and bench_cuda_ops from
 #       build-cuda/gpu/, writes logs and tables under $OUT (default ./out-gpu), prints a summary last.
+#       The 27B files are written with --repeat-layers (later layers of a kind copy the first one's bytes:
+#       ~12 s instead of ~62 s of a fresh machine's device time; the kernels' work does not depend on the
+#       values); SYNTH_ARGS replaces that (SYNTH_ARGS= writes every layer's own values, as before round 18).
 #       --model27 TYPE also writes the synthetic 27B file (dflash synth --preset bonsai-27b, ~6-7 GB,
 #       into /tmp, never carried) and measures whole-model decode on it.
 #       --dflash-bench TYPE writes the synthetic 27B target of TYPE and the 27B-shaped drafter
@@ -53,6 +56,8 @@ cd "$(dirname "$0")/.."
 # BUILD names the build folder (default build-cuda): concurrent engineers each stage their own.
 BD=${BUILD:-build-cuda}
 G=$BD/gpu
+# --repeat-layers unless SYNTH_ARGS is set (even to nothing): see the 27B files above.
+SYNTH_ARGS=${SYNTH_ARGS---repeat-layers}
 
 if [ "${1:-}" = "--stage-ab" ]; then
   set -e
@@ -143,7 +148,7 @@ rc=0
 # drafter (/tmp/drafter27.gguf), each written only when missing (a warm machine keeps /tmp).
 ensure_27b() {
   local f=/tmp/bonsai27-$1.gguf
-  [ -f "$f" ] || timeout 200 "$G/dflash" synth "$f" --preset bonsai-27b --type "$1" >"$OUT/synth_$1.log" 2>&1
+  [ -f "$f" ] || timeout 200 "$G/dflash" synth "$f" --preset bonsai-27b --type "$1" $SYNTH_ARGS >"$OUT/synth_$1.log" 2>&1
   [ "${2:-}" = target-only ] || [ -f /tmp/drafter27.gguf ] ||
     timeout 120 "$G/dflash" synth-drafter /tmp/drafter27.gguf --preset qwen38-27b --target "$f" \
       >"$OUT/synth_drafter.log" 2>&1
@@ -171,7 +176,7 @@ fi
 if [ -n "$MODEL27" ]; then
   t0=$(date +%s)
   F=/tmp/bonsai27-$MODEL27.gguf
-  timeout 200 "$G/dflash" synth "$F" --preset bonsai-27b --type "$MODEL27" >"$OUT/synth.log" 2>&1
+  timeout 200 "$G/dflash" synth "$F" --preset bonsai-27b --type "$MODEL27" $SYNTH_ARGS >"$OUT/synth.log" 2>&1
   echo "synth $MODEL27: exit $? in $(( $(date +%s) - t0 )) s"
   t0=$(date +%s)
   timeout 150 "$G/bench_cuda_ops" --model "$F" --model-only --tokens "$TOKENS" --out "$OUT/bench_model_$MODEL27.md" \

@@ -27,6 +27,7 @@ struct SynthArgs {
   bool prism = false;
   bool no_prism = false;
   bool no_tokenizer = false;
+  bool repeat_layers = false;
   bool tied = false;
 };
 
@@ -64,6 +65,7 @@ void synth(const SynthArgs& a) {
   if (a.prism) s.prism = true;
   if (a.no_prism) s.prism = false;
   s.tokenizer = !a.no_tokenizer;
+  s.repeat_layers = a.repeat_layers;
   s.tied_output = a.tied;
 
   const double secs =
@@ -95,6 +97,9 @@ void register_synth(CLI::App& app) {
   cmd->add_flag("--prism", a->prism, "write prism rotation metadata");
   cmd->add_flag("--no-prism", a->no_prism, "no prism metadata (also for the 27B preset)");
   cmd->add_flag("--no-tokenizer", a->no_tokenizer, "omit the byte-level tokenizer");
+  cmd->add_flag("--repeat-layers", a->repeat_layers,
+                "later layers of a kind (GDN / attention) repeat the first one's bytes: several times faster to "
+                "write, for speed benchmarks (the kernels' work does not depend on the values)");
   cmd->add_flag("--tied", a->tied, "tie output to token_embd (no output.weight)");
   cmd->callback([a] { synth(*a); });
 }

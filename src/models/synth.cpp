@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
+#include <map>
 #include <vector>
 
 #include "gguf/gguf.h"
@@ -109,13 +111,14 @@ void add_byte_tokenizer(gguf::Writer& w, int64_t n_vocab) {
 }  // namespace
 
 void SynthTensorWriter::add(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
-                            RowValues fill_row) {
+                            RowValues fill_row, std::shared_ptr<std::vector<uint8_t>> keep) {
   const int64_t n = ne.at(0);
   const size_t rb = row_bytes(type, n);
   int64_t rows = 1;
   for (size_t i = 1; i < ne.size(); ++i) rows *= ne[i];
   shared_->total += rb * static_cast<uint64_t>(rows);
-  writer_.add_tensor_rows(name, type, ne, [type, n, rb, fill_row = std::move(fill_row), shared = shared_](
+  if (keep) keep->assign(rb * static_cast<size_t>(rows), 0);
+  writer_.add_tensor_rows(name, type, ne, [type, n, rb, fill_row = std::move(fill_row), shared = shared_, keep](
                                               int64_t row0, int64_t n_rows, uint8_t* dst) {
     parallel_ranges(row0, row0 + n_rows, std::min(16, hardware_threads()), 4, [&](int64_t a, int64_t b) {
       std::vector<float> row(n);
@@ -124,6 +127,23 @@ void SynthTensorWriter::add(const std::string& name, GgmlType type, const std::v
         quantize_row(type, row.data(), dst + (r - row0) * rb, n);
       }
     });
+    if (keep) std::memcpy(keep->data() + static_cast<size_t>(row0) * rb, dst, rb * static_cast<size_t>(n_rows));
+    const uint64_t d = shared->done.fetch_add(rb * n_rows) + rb * n_rows;
+    if (shared->progress) shared->progress(d, shared->total);
+  });
+}
+
+void SynthTensorWriter::add_copy(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
+                                 std::shared_ptr<const std::vector<uint8_t>> bytes) {
+  const size_t rb = row_bytes(type, ne.at(0));
+  int64_t rows = 1;
+  for (size_t i = 1; i < ne.size(); ++i) rows *= ne[i];
+  DFLASH_CHECK(bytes && bytes->size() == rb * static_cast<size_t>(rows), "synth: {} copies a tensor of another size",
+               name);
+  shared_->total += rb * static_cast<uint64_t>(rows);
+  writer_.add_tensor_rows(name, type, ne, [rb, bytes = std::move(bytes), shared = shared_](
+                                              int64_t row0, int64_t n_rows, uint8_t* dst) {
+    std::memcpy(dst, bytes->data() + static_cast<size_t>(row0) * rb, rb * static_cast<size_t>(n_rows));
     const uint64_t d = shared->done.fetch_add(rb * n_rows) + rb * n_rows;
     if (shared->progress) shared->progress(d, shared->total);
   });
@@ -280,7 +300,22 @@ void synth_target(const SynthTargetSpec& s, const std::string& path,
 
   // ---- data: rows generated in parallel chunks, deterministically
   SynthTensorWriter tw(w, progress);
+  // repeat_layers: "blk.<il>.<rest>" of a layer takes the bytes the first layer of its kind wrote for <rest>.
+  std::map<std::string, std::shared_ptr<std::vector<uint8_t>>> first_of_kind;
   for (const TensorPlan& t : plan) {
+    std::shared_ptr<std::vector<uint8_t>> keep;
+    if (s.repeat_layers && t.name.rfind("blk.", 0) == 0) {
+      const size_t dot = t.name.find('.', 4);
+      const int64_t il = std::stoll(t.name.substr(4, dot - 4));
+      const bool attn = !hybrid || (il + 1) % s.full_attn_interval == 0;
+      const std::string key = (attn ? "attention " : "gdn ") + t.name.substr(dot + 1);
+      auto [it, first] = first_of_kind.try_emplace(key, nullptr);
+      if (!first) {
+        tw.add_copy(t.name, t.type, t.ne, it->second);
+        continue;
+      }
+      keep = it->second = std::make_shared<std::vector<uint8_t>>();
+    }
     const uint64_t tseed = hash_name(t.name, s.seed);
     const int64_t n = t.ne[0];
     tw.add(t.name, t.type, t.ne, [t, tseed, n](int64_t r, float* row) {
@@ -293,7 +328,7 @@ void synth_target(const SynthTargetSpec& s, const std::string& path,
           case Dist::kNegExp: row[i] = -std::exp(3.0f * synth_uniform(tseed, idx) - 2.5f); break;
         }
       }
-    });
+    }, keep);
   }
   w.write(path);
 }

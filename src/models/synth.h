@@ -44,6 +44,11 @@ struct SynthTargetSpec {
   bool tokenizer = true;        // byte-level GPT-2 vocabulary (needs n_vocab >= 262)
   uint64_t seed = 1;
   double logit_scale = 4.0;     // output weights scaled up so greedy paths are not near-ties
+  // Every later layer of a kind (GDN or attention) gets the first such layer's tensors, byte for byte:
+  // the same layout and size, written several times faster (the 27B: ~1/7 of the values drawn). For speed
+  // benchmarks, where the kernels' work does not depend on the values; the model itself is then a
+  // repetition of two random layers.
+  bool repeat_layers = false;
 
   // The Ternary Bonsai 2 27B layout of SPEC 2.1-2.3.
   static SynthTargetSpec bonsai_27b(GgmlType matmul_type);
@@ -65,8 +70,14 @@ class SynthTensorWriter {
   SynthTensorWriter(gguf::Writer& writer, std::function<void(uint64_t, uint64_t)> progress) : writer_(writer) {
     shared_->progress = std::move(progress);
   }
-  // Queues a tensor; its rows are generated and quantized to `type` when the writer writes.
-  void add(const std::string& name, GgmlType type, const std::vector<int64_t>& ne, RowValues fill_row);
+  // Queues a tensor; its rows are generated and quantized to `type` when the writer writes. With `keep`,
+  // the tensor's bytes are also kept there as they are written (for add_copy).
+  void add(const std::string& name, GgmlType type, const std::vector<int64_t>& ne, RowValues fill_row,
+           std::shared_ptr<std::vector<uint8_t>> keep = nullptr);
+  // Queues a tensor whose bytes are those another tensor of the same type and shape kept (add's `keep`),
+  // which must be queued earlier: the writer writes tensors in order.
+  void add_copy(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
+                std::shared_ptr<const std::vector<uint8_t>> bytes);
 
  private:
   struct Shared {
