@@ -13,8 +13,9 @@
 #       on the GPU machine, from the repository root: runs test_cuda and bench_cuda_ops from
 #       build-cuda/gpu/, writes logs and tables under $OUT (default ./out-gpu), prints a summary last.
 #       The 27B files are written with --repeat-layers (later layers of a kind copy the first one's bytes:
-#       ~12 s instead of ~62 s of a fresh machine's device time; the kernels' work does not depend on the
-#       values); SYNTH_ARGS replaces that (SYNTH_ARGS= writes every layer's own values, as before round 18).
+#       2 of the 64 layers drawn; a full draw took 62 s of a fresh machine's device time; the kernels' work
+#       does not depend on the values); SYNTH_ARGS replaces that (SYNTH_ARGS= draws every layer, as before
+#       round 18).
 #       --model27 TYPE also writes the synthetic 27B file (dflash synth --preset bonsai-27b, ~6-7 GB,
 #       into /tmp, never carried) and measures whole-model decode on it.
 #       --dflash-bench TYPE writes the synthetic 27B target of TYPE and the 27B-shaped drafter
