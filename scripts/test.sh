@@ -18,7 +18,10 @@ ctest --test-dir build -j "$JOBS" --output-on-failure
 
 if [ "${SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== ASan + UBSan build"
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDFLASH_SANITIZE=ON -DDFLASH_CUDA=OFF
+  # -g1 (line tables: reports keep file and line) instead of -g: the ASan build is most of CI's time, and
+  # full debug info made each object ~30 % slower to compile (server.cpp 67.8 -> 47.8 s, 2 cores).
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDFLASH_SANITIZE=ON -DDFLASH_CUDA=OFF \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
   cmake --build build-asan -j "$JOBS"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan -j "$JOBS" --output-on-failure
