@@ -91,7 +91,11 @@ bool gdn_state_prefetch() {
 // kPrepare false) reproduces the state and output bit for bit. Every CTA of a V head recomputes its K
 // head's norms; only the CTA with blockIdx.y == 0 and p < Hk (p is then its own K head) writes the
 // prepared q / k, and only blockIdx.y == 0 writes g / beta, so each value has one writer.
-template <int kG, int kRPT, bool kPrepare>  // row groups, rows per thread: head_k <= kG * kRPT
+// kExactK: head_k == kG * kRPT, and kDv > 0: head_v == kDv, known at compile time (the 27B's 128 x 128
+// heads): the staging's divisions by head_k and the state offsets' multiplies by head_v fold away (ncu of
+// the 8-row verify step, S18-10: ~1100 of a warp's ~2550 instructions ran once per warp, mostly that
+// integer arithmetic, with half the stall samples).
+template <int kG, int kRPT, bool kPrepare, bool kExactK = false, int kDv = 0>
 __global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const RecurrentArgs args) {
   constexpr int kGroups = kG;
   if (args.prefetch_state)
@@ -107,7 +111,8 @@ __global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const Recurre
   const float* __restrict__ beta = args.beta;
   float* __restrict__ snapshots = args.snapshots;
   const int64_t M = args.M;
-  const int Hk = args.Hk, Hv = args.Hv, dk = args.dk, dv = args.dv;
+  const int Hk = args.Hk, Hv = args.Hv;
+  const int dk = kExactK ? kGroups * kRPT : args.dk, dv = kDv > 0 ? kDv : args.dv;
   // Inputs of up to kStageRows rows at a time: their loads are all in flight together, instead of one
   // global round trip per row (verify's 8 rows).
   __shared__ __align__(16) float ks[kStageRows][D], qs[kStageRows][D];
@@ -140,17 +145,20 @@ __global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const Recurre
   for (int r = 0; r < kRPT; ++r) {
     S[r] = (col_ok && i0 + r < dk) ? Sin[e0 + r * dv] : 0.0f;
   }
-  if constexpr (kPrepare)
-    if (args.state_before && col_ok)  // the undo checkpoint, from the registers (no copy launch)
-      store_state(args.state_before + p * head_state, S);
+  // The undo checkpoint (kPrepare), from the registers (no copy launch). With the shapes as constants it
+  // waits until the first rows' inputs are requested, so the state's loads and theirs are in flight
+  // together (in the generic kernel that placement raised the registers from 95 to 153: one CTA per SM).
+  if constexpr (kPrepare && !kExactK)
+    if (args.state_before && col_ok) store_state(args.state_before + p * head_state, S);
 
   // Key rows dk .. D - 1 of the staging (head_k below kGroups * kRPT) stay zero, as S does there: the
   // row loop below runs over all D rows without a branch. (Ordered before use by the stage's barrier.)
-  for (int t = threadIdx.x; t < kStageRows * (D - dk); t += blockDim.x) {
-    const int mm = t / (D - dk), i = dk + t % (D - dk);
-    ks[mm][i] = 0.0f;
-    qs[mm][i] = 0.0f;
-  }
+  if constexpr (!kExactK)
+    for (int t = threadIdx.x; t < kStageRows * (D - dk); t += blockDim.x) {
+      const int mm = t / (D - dk), i = dk + t % (D - dk);
+      ks[mm][i] = 0.0f;
+      qs[mm][i] = 0.0f;
+    }
   for (int64_t m0 = 0; m0 < M; m0 += kStageRows) {
     const int rows = static_cast<int>(M - m0 < kStageRows ? M - m0 : kStageRows);
     __syncthreads();  // the previous stage's rows are done with ks / qs / vs
@@ -229,6 +237,8 @@ __global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const Recurre
       }
     }
     __syncthreads();
+    if constexpr (kPrepare && kExactK)
+      if (m0 == 0 && args.state_before && col_ok) store_state(args.state_before + p * head_state, S);
     if constexpr (kPrepare) {
       if (args.pq && blockIdx.y == 0 && p < Hk) {
         for (int t = threadIdx.x; t < rows * dk; t += blockDim.x) {
@@ -279,11 +289,23 @@ __global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const Recurre
   if (col_ok) store_state(S0, S);
 }
 
+// DFLASH_CUDA_GDN_CONST_SHAPES=0: 128 x 128 heads take the generic kernel (shapes read at run time), for
+// comparison; the bits are the same.
+bool gdn_const_shapes() {
+  static const bool v = env_flag("DFLASH_CUDA_GDN_CONST_SHAPES", true);
+  return v;
+}
+
 // One V head per blockIdx.x, 32 value columns per blockIdx.y, kG warps; kRPT the fewest rows per thread
 // that cover head_k (<= kGdnMaxHeadK).
 template <int kG, bool kPrepare>
 void launch_recurrent_groups(const RecurrentArgs& a, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(a.Hv), ceil_div_u(a.dv, 32));
+  if constexpr (kG * 16 == 128)
+    if (a.dk == 128 && a.dv == 128 && gdn_const_shapes()) {  // the 27B's heads: shapes as constants
+      launch_pdl(gdn_recurrent_kernel<kG, 16, kPrepare, true, 128>, grid, kG * 32, 0, s, a);
+      return;
+    }
   if (a.dk <= kG * 4)
     launch_pdl(gdn_recurrent_kernel<kG, 4, kPrepare>, grid, kG * 32, 0, s, a);
   else if (a.dk <= kG * 8)
