@@ -1,7 +1,7 @@
 // bench_cuda_ops: CUDA backend throughput against the measured streaming-read floor.
 //
 //   bench_cuda_ops [--quick] [--model FILE.gguf [--model-only] [--tokens N]] [--gdn] [--prefill] [--attn-prefill]
-//                  [--attention] [--boundary] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]
+//                  [--attention] [--boundary] [--persistent] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]
 //
 // --matmul runs section 2 alone for one type (and shape, e.g. ptq1_0:attn_qkv: a target for ncu);
 // --warm-l2 then times one copy of the matrix, served from L2 when it fits (latency vs bandwidth).
@@ -25,6 +25,11 @@
 //    waiting (stream order, programmatic dependent launch, arrival counters in global memory) and three
 //    grid patterns (132 CTAs, 5 CTAs like the residual norm chain, a decode-like mix). The floor under
 //    the one-kernel-per-op design: a step of ~670 kernels cannot take less than ~670 of these.
+// 9. Persistent streaming (--persistent, alone): the byte ranges of a 27B decode step (weights, state) read
+//    in order with a grid-wide hand-off between consecutive ranges, (a) one kernel per range in a PDL graph
+//    (bare reads: the kernel-per-op design with ideal matmuls) and (b) one persistent kernel whose CTAs
+//    hand off through arrival counters and copy the head of their next range into shared memory before
+//    they wait. What a one-kernel decode step could stream against the floor, before any arithmetic.
 // 7. Prefill attention (bench_attention_prefill, also alone with --attn-prefill, and with --prefill):
 //    attention_prefill at the 27B shape (24 / 4 heads x 256, causal, M rows at the end of the cache)
 //    against attention() (the decode / verify kernel prefill used before).
@@ -44,6 +49,7 @@
 
 #include "gguf/gguf.h"
 #include "models/dflash_drafter.h"
+#include "models/synth.h"
 #include "models/target.h"
 #include "ops/cuda/cuda_backend.h"
 #include "quant/types.h"
@@ -291,6 +297,93 @@ void bench_attention_prefill(Backend& be, Out& out) {
 
 }  // namespace
 
+// Section 9: the byte ranges a 27B PTQ1_0 decode step reads, in order (the device layout: 2-bit codes and an
+// fp16 scale per 128 weights; alpha | beta in BF16; the GDN state), with today's dependent steps between
+// them (0-byte ops: norms, the conv, attention, SwiGLU, ...: ~660 in all), or only one hand-off per
+// weight read (`with_steps` false: every norm and nonlinearity fused into a neighbour).
+std::vector<size_t> decode_step_ops(bool with_steps) {
+  const SynthTargetSpec c = SynthTargetSpec::bonsai_27b(GgmlType::PTQ1_0);
+  const auto ternary = [](int64_t in, int64_t out) {
+    const int64_t rows = (out + 15) / 16 * 16;
+    return static_cast<size_t>(rows * (in / 4) + rows * (in / 128) * 2);
+  };
+  std::vector<size_t> ops;
+  const auto step = [&](size_t bytes) {
+    if (bytes > 0 || with_steps) ops.push_back(bytes);
+  };
+  const int64_t E = c.n_embd, q_width = c.n_head * c.head_dim, kv_width = c.n_head_kv * c.head_dim;
+  const int64_t inner = c.ssm_v_heads * c.ssm_head_v, conv = 2 * c.ssm_k_heads * c.ssm_head_k + inner;
+  for (int64_t il = 0; il < c.n_layer; ++il) {
+    step(0);  // the residual norm
+    if ((il + 1) % c.full_attn_interval == 0) {
+      step(ternary(E, 2 * q_width) + 2 * ternary(E, kv_width));  // q (with its gate) | k | v
+      for (int k = 0; k < 4; ++k) step(0);                         // prep, segments, merge, gate
+      step(ternary(q_width, E));                                   // wo
+    } else {
+      step(ternary(E, conv) + ternary(E, inner));                          // qkv | z
+      step(static_cast<size_t>(2 * c.ssm_v_heads * E * 2));                // alpha | beta (BF16), beside the conv
+      step(static_cast<size_t>(c.ssm_v_heads * c.ssm_head_k * c.ssm_head_v * 4));  // the recurrence's state
+      step(0);                                                             // gated norm
+      step(ternary(inner, E));                                             // ssm_out
+    }
+    step(0);                                                     // the residual norm
+    step(ternary(E, c.n_ff) * 2);                                // gate | up
+    step(0);                                                     // SwiGLU
+    step(ternary(c.n_ff, E));                                    // down
+  }
+  step(0);                            // the output norm
+  step(ternary(E, c.n_vocab));        // lm_head
+  step(0);                            // argmax
+  return ops;
+}
+
+void bench_persistent(Backend& be, Out& out) {
+  const double floor_gbps = cuda::read_bandwidth_gbps(be, size_t(2) << 30, 20);
+  out.line(fmt::format("streaming-read floor (16-byte loads, 2 GiB, median of 20): {:.0f} GB/s", floor_gbps));
+  out.line("");
+  out.line("| schedule | ops | hand-offs between weight reads | GB | ms | GB/s | % of floor |");
+  out.line("|---|---:|---|---:|---:|---:|---:|");
+  constexpr int kIters = 10;
+  {  // the calibration: every byte as one range, no hand-off
+    const std::vector<size_t> all = decode_step_ops(false);
+    double bytes = 0;
+    for (size_t b : all) bytes += static_cast<double>(b);
+    const std::vector<size_t> one{static_cast<size_t>(bytes) / 16 * 16};
+    int ctas = 0;
+    const double ms = cuda::persistent_stream_ms(be, one, 4, 0, false, kIters, &ctas);
+    const double gbs = bytes / (ms * 1e-3) / 1e9;
+    out.line(fmt::format("| persistent, {} CTAs, the same bytes as one range | 1 | none | {:.2f} | {:.3f} | {:.0f} | {:.1f} |",
+                         ctas, bytes / 1e9, ms, gbs, 100.0 * gbs / floor_gbps));
+  }
+  for (const bool with_steps : {true, false}) {
+    const std::vector<size_t> ops = decode_step_ops(with_steps);
+    double bytes = 0;
+    for (size_t b : ops) bytes += static_cast<double>(b);
+    const char* steps = with_steps ? "today's dependent steps" : "one per weight read";
+    const auto row = [&](const std::string& name, double ms) {
+      if (ms <= 0) {
+        out.line(fmt::format("| {} | {} | {} | {:.2f} | (does not fit) | | |", name, ops.size(), steps, bytes / 1e9));
+        return;
+      }
+      const double gbs = bytes / (ms * 1e-3) / 1e9;
+      out.line(fmt::format("| {} | {} | {} | {:.2f} | {:.3f} | {:.0f} | {:.1f} |", name, ops.size(), steps,
+                           bytes / 1e9, ms, gbs, 100.0 * gbs / floor_gbps));
+    };
+    row("kernel per op (PDL graph, bare reads)", cuda::op_chain_stream_ms(be, ops, kIters));
+    struct Cfg {
+      int per_sm, head_kb;
+    };
+    for (const Cfg cfg : {Cfg{4, 0}, Cfg{4, 16}, Cfg{4, 48}, Cfg{2, 96}, Cfg{1, 200}})
+      for (const bool release : {false, true}) {
+        int ctas = 0;
+        const double ms = cuda::persistent_stream_ms(be, ops, cfg.per_sm, cfg.head_kb * 1024, release, kIters, &ctas);
+        row(fmt::format("persistent, {} CTAs ({} per SM), {} KB head per CTA, {}", ctas, cfg.per_sm, cfg.head_kb,
+                        release ? "red.release add" : "fence + atomicAdd"),
+            ms);
+      }
+  }
+}
+
 // Section 8: microseconds per kernel of a 600-kernel dependent chain in one graph (median of 20 replays).
 void bench_boundary(Backend& be, Out& out) {
   struct Pattern {
@@ -312,7 +405,7 @@ void bench_boundary(Backend& be, Out& out) {
 
 int main(int argc, char** argv) {
   bool quick = false, model_only = false, gdn_only = false, prefill_only = false, attn_prefill_only = false,
-       attn_only = false, boundary_only = false;
+       attn_only = false, boundary_only = false, persistent_only = false;
   std::string model_path, drafter_path, out_path, only_type, only_shape;  // --matmul TYPE[:SHAPE]: that matmul alone
   bool warm_l2 = false;  // --warm-l2: one copy of the matrix (served from L2 when it fits): the L2 bound
   int n_tokens = 64;
@@ -327,6 +420,7 @@ int main(int argc, char** argv) {
     else if (a == "--attn-prefill") attn_prefill_only = true;
     else if (a == "--attention") attn_only = true;
     else if (a == "--boundary") boundary_only = true;
+    else if (a == "--persistent") persistent_only = true;
     else if (a == "--model" && i + 1 < argc) model_path = argv[++i];
     else if (a == "--drafter" && i + 1 < argc) drafter_path = argv[++i];
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
@@ -339,7 +433,7 @@ int main(int argc, char** argv) {
       if (colon != std::string::npos) only_shape = v.substr(colon + 1);
     } else {
       fmt::print(stderr,
-                 "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--attn-prefill] [--attention] [--boundary] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]\n");
+                 "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--attn-prefill] [--attention] [--boundary] [--persistent] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]\n");
       return 2;
     }
   }
@@ -359,6 +453,11 @@ int main(int argc, char** argv) {
     }
     if (boundary_only) {  // section 8
       bench_boundary(*be, out);
+      if (!out_path.empty()) std::ofstream(out_path) << out.md;
+      return 0;
+    }
+    if (persistent_only) {  // section 9
+      bench_persistent(*be, out);
       if (!out_path.empty()) std::ofstream(out_path) << out.md;
       return 0;
     }

@@ -1,5 +1,8 @@
 // Diagnostics: a streaming-read kernel, the bandwidth floor the benchmarks compare against; the kernel
-// chain that measures what one dependent kernel boundary costs inside a CUDA graph.
+// chain that measures what one dependent kernel boundary costs inside a CUDA graph; the persistent
+// streaming kernel that measures what a one-kernel decode step could stream.
+#include <algorithm>
+
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
 
@@ -93,6 +96,105 @@ __global__ void __launch_bounds__(256) boundary_kernel(const float* __restrict__
   }
 }
 
+
+// ---- persistent streaming (persistent_stream_ms) ----------------------------------------------------------
+
+// The hand-off between two ops of the persistent kernel: op i's arrival count at counters[i * kHandoffStride]
+// (its own 256-byte line), polled by thread 0 of every CTA with ld.acquire. kRelease false: the arrival is
+// __threadfence() then atomicAdd; true: one red.release.gpu add (orders the CTA's earlier writes without
+// the full fence). (A done flag on another line, set by the last CTA to arrive and polled with a
+// nanosleep back-off, was slower than both: S19-5.)
+constexpr int kHandoffStride = 64;
+template <bool kRelease>
+__device__ __forceinline__ void arrive_gpu(unsigned* count) {
+  __syncthreads();  // every thread of the CTA is done with the op
+  if (threadIdx.x == 0) {
+    if constexpr (kRelease) {
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(count) : "memory");
+    } else {
+      __threadfence();  // a real op's results would have to be visible before the arrival
+      atomicAdd(count, 1u);
+    }
+  }
+}
+__device__ __forceinline__ void wait_all_arrived(const unsigned* count, unsigned ctas) {
+  if (threadIdx.x == 0)
+    while (load_acquire_gpu(count) < ctas) {
+    }
+  __syncthreads();
+}
+
+// One persistent grid (every CTA resident: a cooperative launch) streams op 0, 1, .. n_ops - 1: op i is
+// the 16-byte words [bounds[i], bounds[i + 1]) of base, each CTA an even contiguous share. Between op i and
+// op i + 1 every CTA arrives at counters[i] and waits until all have (the grid-wide dependency a decode
+// kernel has between a matmul and the next op that needs its whole output). Before that wait the CTA
+// copies the first head16 words of its share of the next op that has bytes into shared memory
+// (cp.async: weights depend on no earlier op), so DRAM keeps streaming across the hand-off; after the
+// wait it consumes them and streams the rest of its share (4 loads in flight per thread).
+template <bool kRelease>
+__global__ void __launch_bounds__(256) persistent_stream_kernel(const uint4* __restrict__ base,
+                                                                const unsigned long long* __restrict__ bounds,
+                                                                int n_ops, unsigned* counters, int head16,
+                                                                unsigned* __restrict__ sink) {
+  extern __shared__ __align__(16) uint4 head[];
+  const unsigned ctas = gridDim.x;
+  const auto share = [&](int i, unsigned long long& lo, unsigned long long& hi) {
+    const unsigned long long b = bounds[i], len = bounds[i + 1] - b;
+    lo = b + len * blockIdx.x / ctas;
+    hi = b + len * (blockIdx.x + 1) / ctas;
+  };
+  // the head of op i's share into shared memory; returns its length in words
+  const auto issue_head = [&](int i) {
+    unsigned long long lo, hi;
+    share(i, lo, hi);
+    const unsigned long long len = hi - lo;
+    const int n = len < static_cast<unsigned long long>(head16) ? static_cast<int>(len) : head16;
+    for (int w = threadIdx.x; w < n; w += blockDim.x) cp_async16(head + w, base + lo + w);
+    cp_async_commit();
+    return n;
+  };
+  const auto has_bytes = [&](int i) { return bounds[i + 1] > bounds[i]; };
+  const auto next_with_bytes = [&](int i) {  // the first op at or after i with bytes (n_ops: none)
+    while (i < n_ops && !has_bytes(i)) ++i;
+    return i;
+  };
+  unsigned acc = 0;
+  int staged = 0;  // words of the staged head
+  if (const int first = next_with_bytes(0); first < n_ops) staged = issue_head(first);
+  for (int i = 0; i < n_ops; ++i) {
+    if (i > 0) wait_all_arrived(counters + (i - 1) * kHandoffStride, ctas);
+    const bool streams = has_bytes(i);
+    if (streams) {
+      cp_async_wait<0>();
+      __syncthreads();
+      for (int w = threadIdx.x; w < staged; w += blockDim.x) {
+        const uint4 v = head[w];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+      }
+      unsigned long long lo, hi;
+      share(i, lo, hi);
+      const uint4* src = base + lo + staged;
+      const long long n = static_cast<long long>(hi - lo) - staged;
+      const int stride = static_cast<int>(blockDim.x);
+      long long w = threadIdx.x;
+      for (; w + 3 * stride < n; w += 4 * stride) {
+        const uint4 a = __ldcs(src + w), b = __ldcs(src + w + stride), c = __ldcs(src + w + 2 * stride),
+                    d = __ldcs(src + w + 3 * stride);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+      }
+      for (; w < n; w += stride) {
+        const uint4 a = __ldcs(src + w);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w;
+      }
+    }
+    arrive_gpu<kRelease>(counters + i * kHandoffStride);  // (its barrier also frees the head buffer)
+    // the next op's head is requested now, before this CTA waits for the others
+    if (streams)
+      if (const int j = next_with_bytes(i + 1); j < n_ops) staged = issue_head(j);
+  }
+  sink_xor(acc, sink);
+}
+
 }  // namespace
 
 void launch_boundary_link(int sync, int ctas, const float* in, float* out, unsigned* arrivals, int link,
@@ -121,6 +223,30 @@ void launch_stream_weights(const void* const* src, const size_t* n16, int n, uns
 
 void launch_read_kernel(const void* src, size_t n16, unsigned* sink, cudaStream_t s) {
   read_kernel<<<current_sm_count() * 8, 512, 0, s>>>(static_cast<const uint4*>(src), n16, sink);
+}
+
+int persistent_stream_ctas(int ctas_per_sm, int head_bytes) {
+  for (auto* k : {persistent_stream_kernel<false>, persistent_stream_kernel<true>})
+    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, head_bytes) != cudaSuccess) return 0;
+  int fit = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, persistent_stream_kernel<false>, 256, head_bytes) !=
+      cudaSuccess)
+    return 0;
+  return std::min(fit, ctas_per_sm) * current_sm_count();
+}
+
+size_t persistent_stream_counter_words(int n_ops) { return static_cast<size_t>(n_ops) * kHandoffStride; }
+
+cudaError_t launch_persistent_stream(const void* base, const unsigned long long* bounds, int n_ops,
+                                     unsigned* counters, int head_bytes, int ctas, bool release, unsigned* sink,
+                                     cudaStream_t s) {
+  const auto* src = static_cast<const uint4*>(base);
+  int head16 = head_bytes / 16;
+  void* args[] = {&src, &bounds, &n_ops, &counters, &head16, &sink};
+  // cooperative: the launch fails instead of deadlocking when the CTAs cannot all be resident
+  const void* k = release ? reinterpret_cast<const void*>(persistent_stream_kernel<true>)
+                       : reinterpret_cast<const void*>(persistent_stream_kernel<false>);
+  return cudaLaunchCooperativeKernel(k, dim3(ctas), dim3(256), args, static_cast<size_t>(head_bytes), s);
 }
 
 }  // namespace dflash::cuda

@@ -1142,5 +1142,75 @@ double kernel_boundary_us(Backend& be, int sync, const std::vector<int>& ctas, i
   return ms * 1e3 / links;
 }
 
+
+namespace {
+// One device buffer holding every op's bytes back to back (16-byte words), and the op bounds.
+struct OpBuffers {
+  CudaBackend& c;
+  void* data = nullptr;
+  unsigned long long* bounds = nullptr;
+  std::vector<unsigned long long> host_bounds;
+  OpBuffers(CudaBackend& be, const std::vector<size_t>& op_bytes) : c(be) {
+    host_bounds.push_back(0);
+    for (size_t b : op_bytes) host_bounds.push_back(host_bounds.back() + b / 16);
+    data = c.alloc(std::max<size_t>(16, host_bounds.back() * 16));
+    DFLASH_CUDA_CALL(cudaMemsetAsync(data, 0x5a, host_bounds.back() * 16, c.stream()));
+    bounds = static_cast<unsigned long long*>(c.alloc(host_bounds.size() * sizeof(unsigned long long)));
+    c.upload(bounds, host_bounds.data(), host_bounds.size() * sizeof(unsigned long long));
+  }
+  ~OpBuffers() {
+    c.release(bounds);
+    c.release(data);
+  }
+};
+}  // namespace
+
+double persistent_stream_ms(Backend& be, const std::vector<size_t>& op_bytes, int ctas_per_sm, int head_bytes,
+                            bool release, int iters, int* ctas_used) {
+  CudaBackend& c = as_cuda(be);
+  DFLASH_CHECK(!op_bytes.empty() && ctas_per_sm > 0 && head_bytes >= 0 && head_bytes % 16 == 0,
+               "persistent_stream_ms: bad arguments");
+  const int ctas = persistent_stream_ctas(ctas_per_sm, head_bytes);
+  if (ctas_used) *ctas_used = ctas;
+  if (ctas <= 0) return -1.0;  // that much shared memory does not fit
+  OpBuffers ops(c, op_bytes);
+  const int n = static_cast<int>(op_bytes.size());
+  const size_t counter_bytes = sizeof(unsigned) * persistent_stream_counter_words(n);
+  auto* counters = static_cast<unsigned*>(c.alloc(counter_bytes));
+  auto* sink = static_cast<unsigned*>(c.alloc(sizeof(unsigned) * ctas));
+  const double ms = time_ms(be, 2, iters, [&] {
+    DFLASH_CUDA_CALL(cudaMemsetAsync(counters, 0, counter_bytes, c.stream()));
+    DFLASH_CUDA_CALL(
+        launch_persistent_stream(ops.data, ops.bounds, n, counters, head_bytes, ctas, release, sink, c.stream()));
+  });
+  c.synchronize();
+  c.release(sink);
+  c.release(counters);
+  return ms;
+}
+
+double op_chain_stream_ms(Backend& be, const std::vector<size_t>& op_bytes, int iters) {
+  CudaBackend& c = as_cuda(be);
+  DFLASH_CHECK(!op_bytes.empty(), "op_chain_stream_ms: no ops");
+  OpBuffers ops(c, op_bytes);
+  auto* sink = static_cast<unsigned*>(c.alloc(sizeof(unsigned) * 4096));
+  const double ms = time_graph_ms(be, 1, iters, [&] {
+    for (size_t i = 0; i < op_bytes.size(); ++i) {
+      const size_t n16 = ops.host_bounds[i + 1] - ops.host_bounds[i];
+      if (n16 == 0) {
+        launch_empty(c.stream());
+      } else {
+        const void* src = static_cast<const uint8_t*>(ops.data) + ops.host_bounds[i] * 16;
+        launch_stream_weights(&src, &n16, 1, sink, c.stream());
+      }
+    }
+    const cudaError_t err = cudaGetLastError();
+    DFLASH_CHECK(err == cudaSuccess, "cuda op chain: {}", cudaGetErrorString(err));
+  });
+  c.synchronize();
+  c.release(sink);
+  return ms;
+}
+
 }  // namespace cuda
 }  // namespace dflash

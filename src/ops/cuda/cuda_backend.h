@@ -81,5 +81,20 @@ double read_bandwidth_gbps(Backend& be, size_t bytes, int iters);
 // memory (the grid-wide hand-off a persistent kernel would use).
 double kernel_boundary_us(Backend& be, int sync, const std::vector<int>& ctas, int links, int iters);
 
+// What a decode step could stream, as two schedules of the same byte ranges ("ops", in order; an op of 0
+// bytes is a pure dependency, like a norm between two matmuls). Each returns the median milliseconds of
+// `iters` runs.
+// persistent_stream_ms: one persistent kernel (cooperative launch, up to ctas_per_sm CTAs per SM); every
+// op is a grid-wide hand-off through arrival counters, and each CTA copies the first head_bytes of its
+// share of the next op into shared memory before it waits (-1 when that does not fit; *ctas_used gets
+// the grid). release: each CTA arrives with one red.release add, else with __threadfence() and atomicAdd.
+// Includes a small memset of the counters per run.
+double persistent_stream_ms(Backend& be, const std::vector<size_t>& op_bytes, int ctas_per_sm, int head_bytes,
+                            bool release, int iters, int* ctas_used = nullptr);
+// op_chain_stream_ms: one kernel per op in a CUDA graph with programmatic dependent launch (a read of the
+// op's bytes whose loads start before the wait, as DFLASH_CUDA_SKIP=stream's; an empty kernel for a
+// 0-byte op): the kernel-per-op design with every matmul as fast as a bare read.
+double op_chain_stream_ms(Backend& be, const std::vector<size_t>& op_bytes, int iters);
+
 }  // namespace cuda
 }  // namespace dflash

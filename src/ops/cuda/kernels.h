@@ -294,6 +294,15 @@ void launch_empty(cudaStream_t s);
 // One link of kernel_boundary_us's chain (bench.cu): `ctas` CTAs read all kBoundaryWidth floats of in and
 // write their share of out, after waiting for link - 1 (sync 0 stream order, 1 PDL, 2 arrival counters:
 // arrivals[link - 1] == prev_ctas; arrivals zeroed before link 0).
+// persistent_stream_ms (bench.cu): CTAs of the persistent streaming kernel that fit (at most ctas_per_sm per SM
+// with head_bytes of shared memory each; 0 if none); the words of its hand-off counters for n_ops ops (zeroed
+// before each launch); its cooperative launch over ops [bounds[i], bounds[i + 1]) (16-byte words of base;
+// release: the arrivals are red.release adds, else __threadfence() and atomicAdd).
+int persistent_stream_ctas(int ctas_per_sm, int head_bytes);
+size_t persistent_stream_counter_words(int n_ops);
+cudaError_t launch_persistent_stream(const void* base, const unsigned long long* bounds, int n_ops,
+                                     unsigned* counters, int head_bytes, int ctas, bool release, unsigned* sink,
+                                     cudaStream_t s);
 constexpr int kBoundaryWidth = 5120;
 void launch_boundary_link(int sync, int ctas, const float* in, float* out, unsigned* arrivals, int link,
                           int prev_ctas, cudaStream_t s);
