@@ -25,17 +25,14 @@
 #include "models/synth.h"
 #include "models/target.h"
 #include "spec/engine.h"
+#include "support/temp_dir.h"
 
 namespace dflash::cudatest {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string temp_path(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / "dflash_cuda_test";
-  fs::create_directories(dir);
-  return (dir / name).string();
-}
+std::string temp_path(const std::string& name) { return dflash::testing::temp_path("cuda_test", name); }
 
 // wide: n_embd 1024, n_ff 2048 and the prism block of the Bonsai files (1024), so the CUDA step takes
 // the paths of the 27B shapes that need 1024-wide rows: the norm / SwiGLU chains and ffn_down's k split

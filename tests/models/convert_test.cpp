@@ -21,6 +21,7 @@
 #include "ops/backend.h"
 #include "prism/hadamard.h"
 #include "prism/rotation.h"
+#include "support/temp_dir.h"
 #include "util/error.h"
 
 namespace dflash {
@@ -30,7 +31,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / "dflash_convert_test" / name;
+  fs::path d = dflash::testing::temp_path("convert_test", name);
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

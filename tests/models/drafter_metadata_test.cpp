@@ -6,13 +6,13 @@
 
 #include <filesystem>
 #include <string>
-#include <unistd.h>
 #include <utility>
 #include <vector>
 
 #include "gguf/gguf.h"
 #include "models/drafter_metadata.h"
 #include "models/synth_drafter.h"
+#include "support/temp_dir.h"
 
 namespace dflash {
 namespace {
@@ -20,11 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 using Kv = std::pair<std::string, std::string>;  // key, "type = value"
 
-std::string temp_file(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("dflash_drafter_metadata_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return (dir / name).string();
-}
+std::string temp_file(const std::string& name) { return dflash::testing::temp_path("drafter_metadata_test", name); }
 
 std::vector<Kv> metadata_of(const gguf::File& f) {
   std::vector<Kv> out;

@@ -6,21 +6,16 @@
 #include <filesystem>
 #include <string>
 
-#include <unistd.h>
-
 #include "gguf/gguf.h"
 #include "models/synth.h"
+#include "support/temp_dir.h"
 
 namespace dflash {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string temp_path(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("dflash_synth_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return (dir / name).string();
-}
+std::string temp_path(const std::string& name) { return dflash::testing::temp_path("synth_test", name); }
 
 SynthTargetSpec eight_layers(GgmlType t) {
   SynthTargetSpec s;

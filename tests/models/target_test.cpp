@@ -7,13 +7,12 @@
 #include <filesystem>
 #include <random>
 
-#include <unistd.h>
-
 #include "gguf/gguf.h"
 #include "models/synth.h"
 #include "models/target.h"
 #include "prism/hadamard.h"
 #include "spec/engine.h"
+#include "support/temp_dir.h"
 #include "util/error.h"
 
 namespace dflash {
@@ -22,11 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // Per-process directory: ctest runs every test case as its own process, in parallel.
-std::string temp_path(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("dflash_models_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return (dir / name).string();
-}
+std::string temp_path(const std::string& name) { return dflash::testing::temp_path("models_test", name); }
 
 SynthTargetSpec tiny(const std::string& arch, GgmlType t = GgmlType::F32, bool prism = false) {
   SynthTargetSpec s;

@@ -5,8 +5,6 @@
 
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -23,6 +21,7 @@
 #include "models/target.h"
 #include "server/server.h"
 #include "spec/engine.h"
+#include "support/temp_dir.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
 
@@ -32,19 +31,7 @@ using json = nlohmann::json;
 
 // A per-process temp directory (ctest runs each test as its own process, maybe in parallel), removed
 // when the process exits.
-inline std::string temp_path(const std::string& name) {
-  namespace fs = std::filesystem;
-  static const fs::path dir = [] {
-    const fs::path d = fs::temp_directory_path() / ("dflash_server_test_" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    std::atexit([] {
-      std::error_code ec;
-      fs::remove_all(fs::temp_directory_path() / ("dflash_server_test_" + std::to_string(::getpid())), ec);
-    });
-    return d;
-  }();
-  return (dir / name).string();
-}
+inline std::string temp_path(const std::string& name) { return dflash::testing::temp_path("server_test", name); }
 
 // A qwen35 hybrid of 4 layers, hidden 64, the 512-token byte-level vocabulary (+ ChatML template).
 inline SynthTargetSpec tiny_target() {

@@ -5,8 +5,6 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <unistd.h>
-
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -19,15 +17,11 @@
 #include "models/synth_drafter.h"
 #include "models/target.h"
 #include "spec/engine.h"
+#include "support/temp_dir.h"
 
 namespace dflash::spec_test {
 
-inline std::string temp_path(const std::string& name) {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("dflash_spec_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return (dir / name).string();
-}
+inline std::string temp_path(const std::string& name) { return dflash::testing::temp_path("spec_test", name); }
 
 // A qwen35 hybrid of 4 layers (3 GDN + 1 attention), hidden 64, vocabulary 96 (no tokenizer).
 inline SynthTargetSpec tiny_target(GgmlType type = GgmlType::F32, uint64_t seed = 3) {
