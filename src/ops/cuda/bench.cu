@@ -9,12 +9,10 @@
 namespace dflash::cuda {
 namespace {
 
-// This thread's grid-stride share of src[0, n): 16-byte loads, four in flight per iteration, XORed
-// together so the loads cannot be dropped.
-__device__ __forceinline__ unsigned xor_stream(const uint4* __restrict__ src, size_t n) {
+// Words i, i + stride, i + 2 stride, ... of src[0, n): 16-byte loads, four in flight per iteration,
+// XORed together so the loads cannot be dropped.
+__device__ __forceinline__ unsigned xor_strided(const uint4* __restrict__ src, size_t n, size_t i, size_t stride) {
   unsigned acc = 0;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (; i + 3 * stride < n; i += 4 * stride) {
     const uint4 a = __ldcs(src + i), b = __ldcs(src + i + stride), c = __ldcs(src + i + 2 * stride),
                 d = __ldcs(src + i + 3 * stride);
@@ -25,6 +23,11 @@ __device__ __forceinline__ unsigned xor_stream(const uint4* __restrict__ src, si
     acc ^= a.x ^ a.y ^ a.z ^ a.w;
   }
   return acc;
+}
+// This thread's grid-stride share of src[0, n).
+__device__ __forceinline__ unsigned xor_stream(const uint4* __restrict__ src, size_t n) {
+  return xor_strided(src, n, static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+                     static_cast<size_t>(gridDim.x) * blockDim.x);
 }
 // One word per block into the sink: the warps' XORs.
 __device__ __forceinline__ void sink_xor(unsigned acc, unsigned* __restrict__ sink) {
@@ -173,19 +176,7 @@ __global__ void __launch_bounds__(256) persistent_stream_kernel(const uint4* __r
       }
       unsigned long long lo, hi;
       share(i, lo, hi);
-      const uint4* src = base + lo + staged;
-      const long long n = static_cast<long long>(hi - lo) - staged;
-      const int stride = static_cast<int>(blockDim.x);
-      long long w = threadIdx.x;
-      for (; w + 3 * stride < n; w += 4 * stride) {
-        const uint4 a = __ldcs(src + w), b = __ldcs(src + w + stride), c = __ldcs(src + w + 2 * stride),
-                    d = __ldcs(src + w + 3 * stride);
-        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
-      }
-      for (; w < n; w += stride) {
-        const uint4 a = __ldcs(src + w);
-        acc ^= a.x ^ a.y ^ a.z ^ a.w;
-      }
+      acc ^= xor_strided(base + lo + staged, hi - lo - staged, threadIdx.x, blockDim.x);  // the rest of the share
     }
     arrive_gpu<kRelease>(counters + i * kHandoffStride);  // (its barrier also frees the head buffer)
     // the next op's head is requested now, before this CTA waits for the others
