@@ -303,10 +303,7 @@ void bench_attention_prefill(Backend& be, Out& out) {
 // weight read (`with_steps` false: every norm and nonlinearity fused into a neighbour).
 std::vector<size_t> decode_step_ops(bool with_steps) {
   const SynthTargetSpec c = SynthTargetSpec::bonsai_27b(GgmlType::PTQ1_0);
-  const auto ternary = [](int64_t in, int64_t out) {
-    const int64_t rows = (out + 15) / 16 * 16;
-    return static_cast<size_t>(rows * (in / 4) + rows * (in / 128) * 2);
-  };
+  const auto ternary = cuda::ternary_device_bytes;
   std::vector<size_t> ops;
   const auto step = [&](size_t bytes) {
     if (bytes > 0 || with_steps) ops.push_back(bytes);

@@ -1165,6 +1165,8 @@ struct OpBuffers {
 };
 }  // namespace
 
+size_t ternary_device_bytes(int64_t in, int64_t out) { return ternary_code_bytes(in, out) + ternary_scale_bytes(in, out); }
+
 double persistent_stream_ms(Backend& be, const std::vector<size_t>& op_bytes, int ctas_per_sm, int head_bytes,
                             bool release, int iters, int* ctas_used) {
   CudaBackend& c = as_cuda(be);

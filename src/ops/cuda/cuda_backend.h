@@ -81,6 +81,10 @@ double read_bandwidth_gbps(Backend& be, size_t bytes, int iters);
 // memory (the grid-wide hand-off a persistent kernel would use).
 double kernel_boundary_us(Backend& be, int sync, const std::vector<int>& ctas, int links, int iters);
 
+// Bytes a ternary weight (PTQ1_0 / PQ2_0, in x out) occupies on the device: the tensor-core layout's codes and
+// fp16 scales (matmul_ternary.cu), what a matmul of it reads.
+size_t ternary_device_bytes(int64_t in, int64_t out);
+
 // What a decode step could stream, as two schedules of the same byte ranges ("ops", in order; an op of 0
 // bytes is a pure dependency, like a norm between two matmuls). Each returns the median milliseconds of
 // `iters` runs.
