@@ -515,16 +515,18 @@ int Qwen35Model::gdn_block(int il, const float* n, const float* nin, float* y, i
   // An undoable forward keeps its conv inputs for rollback: the qkv matmul writes them straight into
   // the layer's undo buffer, and the conv leaves its state before the rows in conv_state_before.
   float* conv_in = undoable ? s.conv_inputs : big0_;
-  mm_group({{&w.w_qkv, conv_in}, {&w.w_gate, gate_}}, nin, M);  // [M, C] pre-conv, z [M, inner]
   const float* nab = w.rot_alpha_beta ? (w.rot_attn_in ? nin : rotated(n, M, cfg_.n_embd, true, rot2_)) : n;
-  // [M, Hv] beta logits, [M, Hv] alpha; silu(conv) [M, C] (one launch on CUDA, except in prefill chunks)
+  // [M, C] pre-conv, z [M, inner]; [M, Hv] beta logits, [M, Hv] alpha; silu(conv) [M, C] (one launch on
+  // CUDA, except in prefill chunks)
   const Backend::MatmulOut ab[] = {{&w.w_beta, b_}, {&w.w_alpha, a_}};
   float* conv_before = undoable ? s.conv_state_before : nullptr;
   if (prefill_chunk_) {
+    mm_group({{&w.w_qkv, conv_in}, {&w.w_gate, gate_}}, nin, M);
     mm_group({ab[0], ab[1]}, nab, M);
     be_.gdn_conv(conv_in, s.conv_state, conv_before, w.conv1d, big1_, M, C, K);
   } else {
-    be_.gdn_conv_and_matmuls(ab, nab, conv_in, s.conv_state, conv_before, w.conv1d, big1_, M, C, K);
+    be_.gdn_input(w.w_qkv, w.w_gate, nin, conv_in, gate_, ab, nab, s.conv_state, conv_before, w.conv1d, big1_, M, C,
+                  K);
   }
   // One conv row is [q | k | v]: the recurrence reads the three pieces with row stride C.
   const float *q = big1_, *k = big1_ + Hk * dk, *v = big1_ + 2 * Hk * dk;

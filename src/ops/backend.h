@@ -273,6 +273,18 @@ class Backend {
     matmul_group(outs, mx, M);
     gdn_conv(x, state, state_before, w, y, M, C, K);
   }
+  // GDN's input side of a decode / verify step: matmul_group({w_qkv -> conv_in, w_z -> z}, x, M), then
+  // gdn_conv_and_matmuls(ab, mx, conv_in, state, state_before, conv_w, conv_out, M, C, K) (C = w_qkv's
+  // out). A backend may run it as one launch (CUDA: alpha | beta's CTAs beside the projections', and each
+  // qkv tile's conv of its channels after its stores) with the bits of the ops apart. Default: that op
+  // sequence.
+  virtual void gdn_input(const WeightRef& w_qkv, const WeightRef& w_z, const float* x, float* conv_in, float* z,
+                         std::span<const MatmulOut> ab, const float* mx, float* state, float* state_before,
+                         const float* conv_w, float* conv_out, int64_t M, int64_t C, int64_t K) {
+    const MatmulOut outs[2] = {{&w_qkv, conv_in}, {&w_z, z}};
+    matmul_group(outs, x, M);
+    gdn_conv_and_matmuls(ab, mx, conv_in, state, state_before, conv_w, conv_out, M, C, K);
+  }
   // Gates: beta[M, Hv] = sigmoid(b), g[M, Hv] = a_log_decay * softplus(a + dt_bias) (in place into b, a).
   virtual void gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M,
                          int64_t n_v_heads) = 0;

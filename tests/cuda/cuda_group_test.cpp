@@ -120,5 +120,70 @@ TEST(CudaMatmulGroup, ConvAndProjectionsInOneLaunch) {
   conv_and_matmuls_case(GgmlType::BF16, 512, {16, 16}, 4, 384, 3, false, 1460);
 }
 
+// Backend::gdn_input: on CUDA (ternary qkv and z, BF16 beta | alpha, up to 8 rows, 4 taps) one launch of the
+// ternary kernel with the split group's CTAs beside the tiles and the conv in the qkv tiles; otherwise the
+// qkv | z group, then gdn_conv_and_matmuls. Either way every output, the conv state and the undo checkpoint
+// must have the bits of the ops apart, nothing may be written past them, and `fused` says which path ran.
+void gdn_input_case(GgmlType tp, GgmlType tab, int64_t in, int64_t C, int64_t nz, int64_t nab, int64_t K,
+                    const std::vector<int64_t>& Ms, bool fused, uint32_t seed) {
+  const auto bq = make_weight(tp, in, C, seed).bytes, bz = make_weight(tp, in, nz, seed + 1).bytes;
+  const auto bb = make_weight(tab, in, nab, seed + 2).bytes, ba = make_weight(tab, in, nab, seed + 3).bytes;
+  const WeightRef wq = gpu().upload_weight(bq.data(), tp, in, C), wz = gpu().upload_weight(bz.data(), tp, in, nz);
+  const WeightRef wb = gpu().upload_weight(bb.data(), tab, in, nab), wa = gpu().upload_weight(ba.data(), tab, in, nab);
+  std::mt19937 rng(seed);
+  const auto cw = randn_vec(rng, C * K, 0.5f);
+  Buf<float> cwg(gpu(), cw);
+  const std::string shape = fmt::format("{} / {} in {} C {} z {} ab {} K {}", type_name(tp), type_name(tab), in, C, nz,
+                                        nab, K);
+  std::string where;
+  for (int64_t M : Ms) {
+    const auto x = randn_vec(rng, M * in), mx = randn_vec(rng, M * in), st = randn_vec(rng, (K - 1) * C);
+    Buf<float> xg(gpu(), x), mxg(gpu(), mx);
+    // f: the op; a: the ops apart
+    Buf<float> cif(gpu(), M * C), zf(gpu(), M * nz), bf(gpu(), M * nab), af(gpu(), M * nab), sf(gpu(), st),
+        sbf(gpu(), (K - 1) * C), cof(gpu(), M * C);
+    Buf<float> cia(gpu(), M * C), za(gpu(), M * nz), bA(gpu(), M * nab), aa(gpu(), M * nab), sa(gpu(), st),
+        sba(gpu(), (K - 1) * C), coa(gpu(), M * C);
+    const Backend::MatmulOut abf[2] = {{&wb, bf}, {&wa, af}}, aba[2] = {{&wb, bA}, {&wa, aa}};
+    const int64_t fused0 = cuda::gdn_input_launches(gpu());
+    gpu().gdn_input(wq, wz, xg, cif, zf, abf, mxg, sf, sbf, cwg, cof, M, C, K);
+    const bool ran_fused = cuda::gdn_input_launches(gpu()) == fused0 + 1;
+    const Backend::MatmulOut outs[2] = {{&wq, cia}, {&wz, za}};
+    gpu().matmul_group(outs, xg, M);
+    gpu().gdn_conv_and_matmuls(aba, mxg, cia, sa, sba, cwg, coa, M, C, K);
+    const auto differs = [&](const char* what, Buf<float>& f, Buf<float>& a) {
+      if (f.get() != a.get() || !f.guard_ok()) where += fmt::format(" M={}:{}", M, what);
+    };
+    differs("conv_in", cif, cia);
+    differs("z", zf, za);
+    differs("beta", bf, bA);
+    differs("alpha", af, aa);
+    differs("conv_out", cof, coa);
+    differs("state", sf, sa);
+    differs("state_before", sbf, sba);
+    if (sbf.get() != st) where += fmt::format(" M={}:state_before != the state before", M);
+    if (ran_fused != fused) where += fmt::format(" M={}:{}", M, ran_fused ? "fused (expected the ops)" : "the ops (expected fused)");
+  }
+  const bool same = where.empty();
+  record({fused ? "gdn_input (one launch) == qkv | z group + gdn_conv_and_matmuls"
+                : "gdn_input (fallback) == qkv | z group + gdn_conv_and_matmuls",
+          shape, 0, 0, 0, same, same ? std::string("memcmp equal") : fmt::format("differs:{}", where)});
+  EXPECT_TRUE(same) << shape << where;
+}
+
+TEST(CudaMatmulGroup, GdnInputInOneLaunch) {
+  REQUIRE_GPU();
+  // the 27B target's GDN layer (PTQ1_0 / PQ2_0 5120 -> 10240 | 6144, BF16 48 | 48), every verify width
+  gdn_input_case(GgmlType::PTQ1_0, GgmlType::BF16, 5120, 10240, 6144, 48, 4, {1, 2, 3, 5, 8}, true, 1600);
+  gdn_input_case(GgmlType::PQ2_0, GgmlType::BF16, 5120, 10240, 6144, 48, 4, {1, 8}, true, 1610);
+  // channels that do not fill the last CTA's tiles, odd alpha | beta widths, a shorter K (one wave: no k split)
+  gdn_input_case(GgmlType::PTQ1_0, GgmlType::BF16, 2048, 10256, 6160, 37, 4, {1, 4, 7}, true, 1620);
+  // the fallbacks: more than one row tile, another tap count, alpha | beta in F32, a k split (few tiles)
+  gdn_input_case(GgmlType::PTQ1_0, GgmlType::BF16, 5120, 10240, 6144, 48, 4, {9}, false, 1630);
+  gdn_input_case(GgmlType::PTQ1_0, GgmlType::BF16, 1024, 2048, 1024, 16, 3, {2}, false, 1640);
+  gdn_input_case(GgmlType::PTQ1_0, GgmlType::F32, 1024, 2048, 1024, 16, 4, {2}, false, 1650);
+  gdn_input_case(GgmlType::PTQ1_0, GgmlType::BF16, 4096, 1024, 512, 16, 4, {1, 8}, false, 1660);
+}
+
 }  // namespace
 }  // namespace dflash::cudatest

@@ -91,6 +91,9 @@ class CudaBackend final : public Backend {
     mm_parts_ = cuda::env_flag("DFLASH_CUDA_MM_PARTS", true);
     // gdn_conv_and_matmuls as one launch (GDN alpha | beta beside the conv); =0: two, for comparison.
     conv_matmuls_ = cuda::env_flag("DFLASH_CUDA_CONV_MATMULS", true);
+    // gdn_input as one launch (alpha | beta and the conv in the qkv | z projections' launch); =0: the qkv | z
+    // group, then gdn_conv_and_matmuls, for comparison. The bits are the same.
+    gdn_input_fused_ = cuda::env_flag("DFLASH_CUDA_GDN_INPUT_FUSED", true);
     skip_ = parse_skip();
   }
 
@@ -631,6 +634,32 @@ class CudaBackend final : public Backend {
     }
     Backend::gdn_conv_and_matmuls(outs, mx, x, state, state_before, w, y, M, C, K);
   }
+  void gdn_input(const WeightRef& w_qkv, const WeightRef& w_z, const float* x, float* conv_in, float* z,
+                 std::span<const MatmulOut> ab, const float* mx, float* state, float* state_before, const float* conv_w,
+                 float* conv_out, int64_t M, int64_t C, int64_t K) override {
+    const cuda::DevWeight dq = dev_weight(w_qkv, "gdn_input"), dz = dev_weight(w_z, "gdn_input");
+    cuda::DevWeight dws[cuda::kTernaryMaxGroup];
+    const cuda::DevWeight* ws[cuda::kTernaryMaxGroup] = {};
+    float* ys[cuda::kTernaryMaxGroup] = {};
+    const int n = static_cast<int>(ab.size());
+    // skip_: the diagnostics time the ops apart
+    bool fused = gdn_input_fused_ && !skip_ && n >= 1 && n <= cuda::kTernaryMaxGroup;
+    if (fused) {
+      gather_group(ab, "gdn_input", dws, ws, ys);
+      fused = cuda::gdn_input_fusable(dq, dz, ws, n, M, C, K);
+    }
+    if (fused) {
+      const cuda::TernaryBuffers buf = matmul_buffers(cuda::ternary_scratch(dq.in, M), x, M, dq.in);
+      fused = cuda::launch_gdn_input(dq, dz, x, conv_in, z, ws, ys, n, mx, state, state_before, conv_w, conv_out, M, C,
+                                     K, buf, num_sms_, stream_);
+    }
+    if (!fused) {
+      Backend::gdn_input(w_qkv, w_z, x, conv_in, z, ab, mx, state, state_before, conv_w, conv_out, M, C, K);
+      return;
+    }
+    after("gdn_input");
+    ++gdn_input_fused_count_;
+  }
   void gdn_gates(float* a, float* b, const float* dt_bias, const float* ssm_a, int64_t M,
                  int64_t n_v_heads) override {
     cuda::launch_gdn_gates(a, b, dt_bias, ssm_a, M, n_v_heads, stream_);
@@ -768,6 +797,7 @@ class CudaBackend final : public Backend {
   }
   void* bench_scratch(size_t bytes) { return scratch(kScratchBench, bytes); }
   int64_t xq_reused() const { return xq_reused_; }
+  int64_t gdn_input_fused_count() const { return gdn_input_fused_count_; }
 
  private:
   enum ScratchSlot {
@@ -969,11 +999,13 @@ class CudaBackend final : public Backend {
   ScratchBuf scratch_[kNumScratch];
   std::vector<void*> retired_;  // outgrown scratch buffers (graphs may still read them)
   XqKey xq_;
+  int64_t gdn_input_fused_count_ = 0;  // gdn_input calls run as one launch (diagnostics, tests)
   int64_t xq_reused_ = 0;  // ternary matmuls that found their input quantized already (diagnostics)
   bool graphs_ = true;
   bool ternary_mma_ = true;
   bool chain_ = true;
   bool conv_matmuls_ = true;
+  bool gdn_input_fused_ = true;
   bool kquant_mma_ = true;
   bool fused_prep_ = true;
   bool split_group_ = true;
@@ -1045,6 +1077,7 @@ bool pdl_enabled() {
 size_t weight_device_bytes(Backend& be, const WeightRef& w) { return as_cuda(be).weight_bytes(w); }
 std::string weight_layout(Backend& be, const WeightRef& w) { return as_cuda(be).layout_name(w); }
 int64_t quantizations_reused(Backend& be) { return as_cuda(be).xq_reused(); }
+int64_t gdn_input_launches(Backend& be) { return as_cuda(be).gdn_input_fused_count(); }
 
 
 double time_ms(Backend& be, int warmup, int iters, const std::function<void()>& fn) {

@@ -51,6 +51,8 @@ constexpr int64_t kMatmulPrefillMinRows = 32;
 // Ternary matmuls so far whose input's quantization was already there (a matmul before them with the
 // same input, or a fused matmul-input chain), so they skipped their quantize launch.
 int64_t quantizations_reused(Backend& be);
+// gdn_input calls that ran as one launch (the conv and alpha | beta in the projections' launch; tests).
+int64_t gdn_input_launches(Backend& be);
 
 // The decode / verify attention's segment kernel variant (attention_segments.cu: 0 slice-parallel scores,
 // 1 lane scores with single K / V buffers; both give the same bits): v = 0 or 1 makes later attention

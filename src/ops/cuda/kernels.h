@@ -116,6 +116,19 @@ int launch_matmul_ternary_group(const DevWeight* const* ws, float* const* ys, in
 int launch_matmul_ternary(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf,
                           int num_sms, cudaStream_t s, int max_parts = 1);
 void launch_get_rows_ternary(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s);
+// Backend::gdn_input in one launch of the ternary kernel: conv_in = x . w_qkv^T and z = x . w_z^T (the
+// ternary group's tiles and bits); beside them the split group's CTAs for ab (GDN beta | alpha of mx, the
+// split kernel's bits); and each qkv CTA then runs gdn_conv on its channels (conv_out, state,
+// state_before; the conv kernel's bits). Needs both projections kTernaryMma with w_qkv.out == C, ab BF16
+// in the block layout with the split kernel's shapes, M <= 8, K == 4 (gdn_input_fusable) and a k split of
+// 1 for the projections (a function of their shapes and the device); returns false, launching nothing,
+// otherwise.
+bool gdn_input_fusable(const DevWeight& w_qkv, const DevWeight& w_z, const DevWeight* const* ab, int n_ab, int64_t M,
+                       int64_t C, int64_t K);
+bool launch_gdn_input(const DevWeight& w_qkv, const DevWeight& w_z, const float* x, float* conv_in, float* z,
+                      const DevWeight* const* ab, float* const* ab_y, int n_ab, const float* mx, float* state,
+                      float* state_before, const float* conv_w, float* conv_out, int64_t M, int64_t C, int64_t K,
+                      const TernaryBuffers& buf, int num_sms, cudaStream_t s);
 // ---- Q4_K / Q6_K on tensor cores (matmul_kquant.cu) -----------------------------------------------------
 // True for the types and shapes the kKQuantMma layout takes (Q4_K, Q6_K with in % 256 == 0).
 bool kquant_mma_supported(int type, int64_t in);

@@ -98,6 +98,7 @@ __global__ void to_ternary_mma_kernel(const uint8_t* __restrict__ src, uint32_t*
 // The format: 512 bytes of codes and 32 of scales per tile and block of 128.
 struct TernaryFmt {
   static constexpr int kCodeBytes = 512, kScaleBytes = 32;
+  static constexpr bool kEpilogues = true;  // GDN's input side in the projections' launch (launch_gdn_input)
   // 4 warps: 8 per CTA (2 CTAs per SM, half the blocks per warp) made attn_qkv 10.0 -> 8.4 us alone but
   // the decode step 4.91 -> 5.28 ms and verify 9.1 -> 10.1 ms (S7-5).
   static constexpr int kWarps = 4;
@@ -202,6 +203,29 @@ int launch_matmul_ternary(const DevWeight& w, const float* x, float* y, int64_t 
   const DevWeight* one[1] = {&w};
   float* const ys[1] = {y};
   return launch_matmul_ternary_group(one, ys, 1, x, M, buf, num_sms, s, max_parts);
+}
+
+bool gdn_input_fusable(const DevWeight& w_qkv, const DevWeight& w_z, const DevWeight* const* ab, int n_ab, int64_t M,
+                       int64_t C, int64_t K) {
+  if (w_qkv.layout != Layout::kTernaryMma || w_z.layout != Layout::kTernaryMma || w_qkv.in != w_z.in ||
+      w_qkv.out != C || M < 1 || M > kCols || K != 4 || n_ab < 1 || n_ab > kTernaryMaxGroup)
+    return false;
+  for (int k = 0; k < n_ab; ++k)
+    if (ab[k]->layout != Layout::kBlocks || ab[k]->type != kBF16 || ab[k]->in != ab[0]->in || ab[k]->in % 8 != 0 ||
+        !use_split(ab[k]->in, ab[k]->out))
+      return false;
+  return true;
+}
+
+bool launch_gdn_input(const DevWeight& w_qkv, const DevWeight& w_z, const float* x, float* conv_in, float* z,
+                      const DevWeight* const* ab, float* const* ab_y, int n_ab, const float* mx, float* state,
+                      float* state_before, const float* conv_w, float* conv_out, int64_t M, int64_t C, int64_t K,
+                      const TernaryBuffers& buf, int num_sms, cudaStream_t s) {
+  if (!gdn_input_fusable(w_qkv, w_z, ab, n_ab, M, C, K)) return false;
+  const DevWeight* ws[2] = {&w_qkv, &w_z};
+  float* const ys[2] = {conv_in, z};
+  const GdnInputSide side{ab, ab_y, n_ab, mx, conv_w, state, state_before, conv_out};
+  return launch_mma_group<TernaryFmt>(ws, ys, 2, x, M, buf, num_sms, s, 1, &side) != 0;
 }
 
 void launch_get_rows_ternary(const DevWeight& w, const int32_t* ids, float* y, int64_t M, cudaStream_t s) {

@@ -53,6 +53,9 @@
 //                            depth for 5-8 rows, chosen at run time by DFLASH_CUDA_WIDE_STAGES_ALT=1)
 //   block_compute<R>(stage, mc, g, t, lc, acc)   one staged block: acc[i][jj] += the block's part of
 //                            (weight row g / g + 8 of tile i) x (activation row 2t / 2t + 1), jj as D.
+//   kEpilogues               whether its kernels are also built with GDN's input side (kEpiGdnInput: the
+//                            alpha | beta split group's CTAs beside the tiles and the conv after the qkv
+//                            tiles' stores, Backend::gdn_input; the ternary format only).
 #pragma once
 #include <algorithm>
 #include <cstdlib>
@@ -60,7 +63,9 @@
 #include <cooperative_groups.h>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/gdn_conv.cuh"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/split_group.cuh"
 #include "ops/cuda/xq_record.cuh"
 
 namespace dflash::cuda {
@@ -134,7 +139,23 @@ struct MmaArgs {
   // 0: the ks partial sums are added here (a cluster); else CTA z stores its partial sums as part z of
   // y, at y + z * part_stride (matmul_parts: the kernel that reads y adds the parts in split order).
   int64_t part_stride;
+  // kEpiGdnInput launches (GDN's input projections, Backend::gdn_input: part 0 qkv -> the conv input, part 1
+  // z; one row tile, no k split): CTAs from side_begin on run the split group `side` (alpha | beta of side_x,
+  // BF16, split_group_cta) instead of tiles, and part 0's CTAs then run the causal conv of their 64 channels
+  // (gdn_conv_channel, 4 taps) on the rows they have just stored.
+  SplitGroup side;
+  const float* side_x;
+  int64_t side_K;
+  bool side_xvec;
+  int side_begin;
+  const float* conv_w;    // [C][4]
+  float* conv_state;      // [3][C]
+  float* conv_before;     // null or [3][C]: the state before the rows (the undo checkpoint)
+  float* conv_y;          // [M][C]
 };
+
+// What a launch does besides its tiles: nothing, or GDN's input side (above).
+constexpr int kEpiNone = 0, kEpiGdnInput = 1;
 
 // d = a . b + c on m16n8k32, A unsigned bytes (weight codes), B signed bytes (activation digits).
 __device__ __forceinline__ void mma_u8s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -289,13 +310,20 @@ __device__ __forceinline__ constexpr bool row_col_used(int jj) {
   return R != 1 || (jj & 1) == 0;
 }
 
-template <class F, int kStages, int R>
+template <class F, int kStages, int R, int kEpi = kEpiNone>
 __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(const MmaArgs a) {
   // The ring stages are 128-byte aligned from the start of dynamic shared memory (stage_stride_for). A
   // static __shared__ variable here would come first and shift the ring off that alignment (S15-7: a build
   // with one 4-byte flag here was slower in every matmul, decode 4.12 -> 4.87 ms, most likely for that
   // reason); the declared alignment keeps the base aligned whatever is added.
   extern __shared__ __align__(128) uint8_t smem[];
+  if constexpr (kEpi == kEpiGdnInput) {
+    if (static_cast<int>(blockIdx.x) >= a.side_begin) {  // alpha | beta: the split kernel's CTA, 8 warps' work
+      split_group_cta<kBF16, R, true>(a.side, a.side_K, a.side_x, a.side_xvec,
+                                      static_cast<int>(blockIdx.x) - a.side_begin, 0, static_cast<int>(a.M));
+      return;
+    }
+  }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   // This CTA's weight (part) and its first tile in that weight.
   int cta_begin;
@@ -336,6 +364,16 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q)
     if (q < nj) issue_weights<F>(src, static_cast<int64_t>(q) * F::kWarps, lane, ring + q * sb);
+  if constexpr (kEpi == kEpiGdnInput) {
+    // The conv's inputs for this CTA's channels, read in its epilogue: the state (written a whole step
+    // ago) and the weights, asked of L2 now (a hint; the values are read after the wait).
+    const int64_t c0 = static_cast<int64_t>(tile0) * 16;
+    if (static_cast<int>(blockIdx.x) < a.part[0].cta_end && threadIdx.x < 14) {
+      const int k = threadIdx.x;
+      if (k < 6 && c0 + 32 * (k & 1) < pt.N) prefetch_l2(a.conv_state + (k >> 1) * pt.N + c0 + 32 * (k & 1));
+      if (k >= 6 && c0 + 8 * (k - 6) < pt.N) prefetch_l2(a.conv_w + (c0 + 8 * (k - 6)) * 4);
+    }
+  }
   pdl_wait(a.signal);
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q) {
@@ -412,6 +450,16 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
     const int o = threadIdx.x + k * F::kWarps * 32, row = o & 63, m = o >> 6;
     const int64_t grow = static_cast<int64_t>(tile0) * 16 + row;
     if (m < mc && row < nt_rows && grow < pt.N) pt.y[z * a.part_stride + (m0 + m) * pt.N + grow] = out[k];
+  }
+  if constexpr (kEpi == kEpiGdnInput) {
+    // The conv of this CTA's channels (qkv rows) over the rows just stored: one thread per channel, the
+    // conv kernel's own device function (the same bits). The barrier makes the stores visible here.
+    if (static_cast<int>(blockIdx.x) < a.part[0].cta_end) {
+      __syncthreads();
+      if (threadIdx.x < 64)
+        gdn_conv_channel<4>(static_cast<int64_t>(tile0) * 16 + threadIdx.x, pt.y, a.conv_state, a.conv_before,
+                            a.conv_w, a.conv_y, a.M, pt.N, 4);
+    }
   }
 }
 
@@ -499,12 +547,73 @@ inline size_t mma_xq_bytes(int64_t in, int64_t M) {
   return static_cast<size_t>(std::max<int64_t>(rows, 0)) * (in / 128) * (kXqBytes + kXqMeta);
 }
 
+// R (rows per plane group) of a launch whose widest tile stages mc rows (launch_mma_kernel's choice).
+inline int mma_rows_of(int mc) { return mc == 1 && mma_one_row_map() ? 1 : mc <= 2 ? 2 : mc <= 4 ? 4 : 8; }
+
+// The kernel for a launch of mc staged rows: R (rows per plane group) and the ring depth are scheduling
+// and column placement only, the arithmetic of a row is the same.
+template <class F, int kEpi>
+void launch_mma_kernel(const MmaArgs& a, int mc, dim3 grid, dim3 cluster, cudaStream_t s) {
+  constexpr int S1 = F::kStagesOneRow, SN = F::kStagesNarrow, SW = F::kStagesWide, SW2 = F::kStagesWideAlt;
+  const dim3 block(F::kWarps * 32);
+  static bool attr_set = false;
+  if (!attr_set) {  // rings above the 48 KB default; the largest shared-memory carveout
+    const auto setup = [](auto kernel, int bytes) {
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    };
+    setup(mm_mma_kernel<F, S1, 1, kEpi>, F::kWarps * S1 * ring_stride<F>(1));
+    if constexpr (S1 != SN) setup(mm_mma_kernel<F, SN, 1, kEpi>, F::kWarps * SN * ring_stride<F>(1));
+    setup(mm_mma_kernel<F, SN, 2, kEpi>, F::kWarps * SN * ring_stride<F>(2));
+    setup(mm_mma_kernel<F, SN, 4, kEpi>, F::kWarps * SN * ring_stride<F>(4));
+    setup(mm_mma_kernel<F, SW, 8, kEpi>, F::kWarps * SW * ring_stride<F>(kCols));
+    if constexpr (SW2 != SW) setup(mm_mma_kernel<F, SW2, 8, kEpi>, F::kWarps * SW2 * ring_stride<F>(kCols));
+    attr_set = true;
+  }
+  const int sb = a.stage_stride, r = mma_rows_of(mc);
+  if (r == 1 && (S1 == SN || mma_one_row_ring()))
+    (void)launch_ex(mm_mma_kernel<F, S1, 1, kEpi>, grid, block, F::kWarps * S1 * sb, s, cluster, pdl_enabled(), a);
+  else if (r == 1)
+    (void)launch_ex(mm_mma_kernel<F, SN, 1, kEpi>, grid, block, F::kWarps * SN * sb, s, cluster, pdl_enabled(), a);
+  else if (r == 2)
+    (void)launch_ex(mm_mma_kernel<F, SN, 2, kEpi>, grid, block, F::kWarps * SN * sb, s, cluster, pdl_enabled(), a);
+  else if (r == 4)
+    (void)launch_ex(mm_mma_kernel<F, SN, 4, kEpi>, grid, block, F::kWarps * SN * sb, s, cluster, pdl_enabled(), a);
+  else if (SW2 != SW && mma_wide_alt())
+    (void)launch_ex(mm_mma_kernel<F, SW2, 8, kEpi>, grid, block, F::kWarps * SW2 * sb, s, cluster, pdl_enabled(), a);
+  else
+    (void)launch_ex(mm_mma_kernel<F, SW, 8, kEpi>, grid, block, F::kWarps * SW * sb, s, cluster, pdl_enabled(), a);
+}
+
+// GDN's input side in the projections' launch (launch_mma_group's gdn): the split group of BF16 alpha |
+// beta weights and the conv (4 taps) of part 0's output.
+struct GdnInputSide {
+  const DevWeight* const* ws;  // alpha | beta ...: kBlocks BF16, one `in`, split-sized (use_split)
+  float* const* ys;
+  int n;
+  const float* x;  // their input [M][ws[0]->in]
+  const float* conv_w;
+  float* conv_state;
+  float* conv_before;
+  float* conv_y;
+};
+
+// The split group's CTAs at R rows per plane group (R = mma_rows_of(mc)).
+template <int R>
+SplitGroup gdn_side_group(const GdnInputSide& g, unsigned& ctas) {
+  return split_group_of<kBF16, R>(g.ws, g.ys, g.n, ctas);
+}
+
 // One launch of up to kTernaryMaxGroup weights of format F sharing the input x (M rows). Returns the
 // parts written to each y: 1 (y = x . W^T), or, when the k split is 2 .. max_parts, ks partial products
 // [ks][M][out] whose sum in part order has the bits of y (matmul_parts).
+// gdn (two parts, qkv then z; F::kEpilogues): the launch runs GDN's input side too (kEpiGdnInput; the
+// caller checked the rest of its rules: gdn_input_fusable); returns 0, launching nothing, when the
+// projections' k split is not 1.
 template <class F>
 int launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const float* x, int64_t M,
-                     const TernaryBuffers& buf, int num_sms, cudaStream_t s, int max_parts = 1) {
+                     const TernaryBuffers& buf, int num_sms, cudaStream_t s, int max_parts = 1,
+                     const GdnInputSide* gdn = nullptr) {
   if (n <= 0 || n > kTernaryMaxGroup || M <= 0) return 1;
   MmaArgs a{};
   a.nparts = n;
@@ -523,21 +632,7 @@ int launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const 
   a.ks = mma_splits_for(gx, in, num_sms, mma_ctas_per_sm(F::kWave), F::kWarps);
   for (int z = 0; z <= a.ks; ++z) a.kb[z] = static_cast<int>(static_cast<int64_t>(a.nblk) * z / a.ks);
   const bool parts = n == 1 && a.ks > 1 && a.ks <= max_parts;
-  constexpr int S1 = F::kStagesOneRow, SN = F::kStagesNarrow, SW = F::kStagesWide, SW2 = F::kStagesWideAlt;
-  static bool attr_set = false;
-  if (!attr_set) {  // rings above the 48 KB default; the largest shared-memory carveout
-    const auto setup = [](auto kernel, int bytes) {
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    };
-    setup(mm_mma_kernel<F, S1, 1>, F::kWarps * S1 * ring_stride<F>(1));
-    if constexpr (S1 != SN) setup(mm_mma_kernel<F, SN, 1>, F::kWarps * SN * ring_stride<F>(1));
-    setup(mm_mma_kernel<F, SN, 2>, F::kWarps * SN * ring_stride<F>(2));
-    setup(mm_mma_kernel<F, SN, 4>, F::kWarps * SN * ring_stride<F>(4));
-    setup(mm_mma_kernel<F, SW, 8>, F::kWarps * SW * ring_stride<F>(kCols));
-    if constexpr (SW2 != SW) setup(mm_mma_kernel<F, SW2, 8>, F::kWarps * SW2 * ring_stride<F>(kCols));
-    attr_set = true;
-  }
+  if (gdn && a.ks != 1) return 0;
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRowsPerLaunch) {
     a.M = std::min(kMaxRowsPerLaunch, M - m0);
     for (int k = 0; k < n; ++k) a.part[k].y = ys[k] + m0 * ws[k]->out;
@@ -553,28 +648,29 @@ int launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const 
     const int mc = static_cast<int>(std::min<int64_t>(a.M, kCols));  // rows staged: the largest tile's
     a.stage_stride = ring_stride<F>(mc);
     a.signal = mma_signals(a.M);
+    const dim3 cluster(1, 1, parts ? 1 : static_cast<unsigned>(a.ks));
+    if constexpr (F::kEpilogues) {
+      if (gdn) {
+        unsigned side = 0;
+        switch (mma_rows_of(mc)) {
+          case 1: a.side = gdn_side_group<1>(*gdn, side); break;
+          case 2: a.side = gdn_side_group<2>(*gdn, side); break;
+          case 4: a.side = gdn_side_group<4>(*gdn, side); break;
+          default: a.side = gdn_side_group<8>(*gdn, side); break;
+        }
+        a.side_x = gdn->x;
+        a.side_K = gdn->ws[0]->in;
+        a.side_xvec = reinterpret_cast<uintptr_t>(gdn->x) % 16 == 0 && gdn->ws[0]->in % 4 == 0;
+        a.side_begin = static_cast<int>(gx);
+        a.conv_w = gdn->conv_w, a.conv_state = gdn->conv_state, a.conv_before = gdn->conv_before;
+        a.conv_y = gdn->conv_y;
+        const dim3 grid(static_cast<unsigned>(gx) + side, static_cast<unsigned>(gy), 1);
+        launch_mma_kernel<F, kEpiGdnInput>(a, mc, grid, cluster, s);
+        continue;
+      }
+    }
     const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(a.ks));
-    const dim3 block(F::kWarps * 32), cluster(1, 1, parts ? 1 : grid.z);
-    // R (rows per plane group) from the widest tile, and the ring depth: scheduling and column
-    // placement only, the arithmetic of a row is the same.
-    if (mc == 1 && mma_one_row_map() && (S1 == SN || mma_one_row_ring()))
-      (void)launch_ex(mm_mma_kernel<F, S1, 1>, grid, block, F::kWarps * S1 * a.stage_stride, s, cluster,
-                      pdl_enabled(), a);
-    else if (mc == 1 && mma_one_row_map())
-      (void)launch_ex(mm_mma_kernel<F, SN, 1>, grid, block, F::kWarps * SN * a.stage_stride, s, cluster,
-                      pdl_enabled(), a);
-    else if (mc <= 2)
-      (void)launch_ex(mm_mma_kernel<F, SN, 2>, grid, block, F::kWarps * SN * a.stage_stride, s, cluster,
-                      pdl_enabled(), a);
-    else if (mc <= 4)
-      (void)launch_ex(mm_mma_kernel<F, SN, 4>, grid, block, F::kWarps * SN * a.stage_stride, s, cluster,
-                      pdl_enabled(), a);
-    else if (SW2 != SW && mma_wide_alt())
-      (void)launch_ex(mm_mma_kernel<F, SW2, 8>, grid, block, F::kWarps * SW2 * a.stage_stride, s, cluster,
-                      pdl_enabled(), a);
-    else
-      (void)launch_ex(mm_mma_kernel<F, SW, 8>, grid, block, F::kWarps * SW * a.stage_stride, s, cluster,
-                      pdl_enabled(), a);
+    launch_mma_kernel<F, kEpiNone>(a, mc, grid, cluster, s);
   }
   return parts ? a.ks : 1;
 }
