@@ -646,17 +646,16 @@ class CudaBackend final : public Backend {
     bool fused = gdn_input_fused_ && !skip_ && n >= 1 && n <= cuda::kTernaryMaxGroup;
     if (fused) {
       gather_group(ab, "gdn_input", dws, ws, ys);
-      fused = cuda::gdn_input_fusable(dq, dz, ws, n, M, C, K);
-    }
-    if (fused) {
-      const cuda::TernaryBuffers buf = matmul_buffers(cuda::ternary_scratch(dq.in, M), x, M, dq.in);
-      fused = cuda::launch_gdn_input(dq, dz, x, conv_in, z, ws, ys, n, mx, state, state_before, conv_w, conv_out, M, C,
-                                     K, buf, num_sms_, stream_);
+      fused = cuda::gdn_input_fusable(dq, dz, ws, n, M, C, K, num_sms_);
     }
     if (!fused) {
       Backend::gdn_input(w_qkv, w_z, x, conv_in, z, ab, mx, state, state_before, conv_w, conv_out, M, C, K);
       return;
     }
+    const cuda::TernaryBuffers buf = matmul_buffers(cuda::ternary_scratch(dq.in, M), x, M, dq.in);
+    const bool launched = cuda::launch_gdn_input(dq, dz, x, conv_in, z, ws, ys, n, mx, state, state_before, conv_w,
+                                                 conv_out, M, C, K, buf, num_sms_, stream_);
+    DFLASH_CHECK(launched, "cuda gdn_input: the launch refused shapes gdn_input_fusable accepted");
     after("gdn_input");
     ++gdn_input_fused_count_;
   }

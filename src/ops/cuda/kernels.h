@@ -120,11 +120,11 @@ void launch_get_rows_ternary(const DevWeight& w, const int32_t* ids, float* y, i
 // ternary group's tiles and bits); beside them the split group's CTAs for ab (GDN beta | alpha of mx, the
 // split kernel's bits); and each qkv CTA then runs gdn_conv on its channels (conv_out, state,
 // state_before; the conv kernel's bits). Needs both projections kTernaryMma with w_qkv.out == C, ab BF16
-// in the block layout with the split kernel's shapes, M <= 8, K == 4 (gdn_input_fusable) and a k split of
-// 1 for the projections (a function of their shapes and the device); returns false, launching nothing,
-// otherwise.
+// in the block layout with the split kernel's shapes, M <= 8, K == 4 and a k split of 1 for the
+// projections (a function of their shapes and the device's num_sms): gdn_input_fusable. launch_gdn_input
+// returns false, launching nothing, when that does not hold.
 bool gdn_input_fusable(const DevWeight& w_qkv, const DevWeight& w_z, const DevWeight* const* ab, int n_ab, int64_t M,
-                       int64_t C, int64_t K);
+                       int64_t C, int64_t K, int num_sms);
 bool launch_gdn_input(const DevWeight& w_qkv, const DevWeight& w_z, const float* x, float* conv_in, float* z,
                       const DevWeight* const* ab, float* const* ab_y, int n_ab, const float* mx, float* state,
                       float* state_before, const float* conv_w, float* conv_out, int64_t M, int64_t C, int64_t K,

@@ -206,7 +206,7 @@ int launch_matmul_ternary(const DevWeight& w, const float* x, float* y, int64_t 
 }
 
 bool gdn_input_fusable(const DevWeight& w_qkv, const DevWeight& w_z, const DevWeight* const* ab, int n_ab, int64_t M,
-                       int64_t C, int64_t K) {
+                       int64_t C, int64_t K, int num_sms) {
   if (w_qkv.layout != Layout::kTernaryMma || w_z.layout != Layout::kTernaryMma || w_qkv.in != w_z.in ||
       w_qkv.out != C || M < 1 || M > kCols || K != 4 || n_ab < 1 || n_ab > kTernaryMaxGroup)
     return false;
@@ -214,14 +214,16 @@ bool gdn_input_fusable(const DevWeight& w_qkv, const DevWeight& w_z, const DevWe
     if (ab[k]->layout != Layout::kBlocks || ab[k]->type != kBF16 || ab[k]->in != ab[0]->in || ab[k]->in % 8 != 0 ||
         !use_split(ab[k]->in, ab[k]->out))
       return false;
-  return true;
+  // the projections' k split (launch_mma_group's rule) must be 1: the conv needs whole sums in its CTA
+  return mma_splits_for(mma_ctas(w_qkv.out) + mma_ctas(w_z.out), w_qkv.in, num_sms,
+                        mma_ctas_per_sm(TernaryFmt::kWave), TernaryFmt::kWarps) == 1;
 }
 
 bool launch_gdn_input(const DevWeight& w_qkv, const DevWeight& w_z, const float* x, float* conv_in, float* z,
                       const DevWeight* const* ab, float* const* ab_y, int n_ab, const float* mx, float* state,
                       float* state_before, const float* conv_w, float* conv_out, int64_t M, int64_t C, int64_t K,
                       const TernaryBuffers& buf, int num_sms, cudaStream_t s) {
-  if (!gdn_input_fusable(w_qkv, w_z, ab, n_ab, M, C, K)) return false;
+  if (!gdn_input_fusable(w_qkv, w_z, ab, n_ab, M, C, K, num_sms)) return false;
   const DevWeight* ws[2] = {&w_qkv, &w_z};
   float* const ys[2] = {conv_in, z};
   const GdnInputSide side{ab, ab_y, n_ab, mx, conv_w, state, state_before, conv_out};
