@@ -598,12 +598,6 @@ struct GdnInputSide {
   float* conv_y;
 };
 
-// The split group's CTAs at R rows per plane group (R = mma_rows_of(mc)).
-template <int R>
-SplitGroup gdn_side_group(const GdnInputSide& g, unsigned& ctas) {
-  return split_group_of<kBF16, R>(g.ws, g.ys, g.n, ctas);
-}
-
 // One launch of up to kTernaryMaxGroup weights of format F sharing the input x (M rows). Returns the
 // parts written to each y: 1 (y = x . W^T), or, when the k split is 2 .. max_parts, ks partial products
 // [ks][M][out] whose sum in part order has the bits of y (matmul_parts).
@@ -651,12 +645,12 @@ int launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const 
     const dim3 cluster(1, 1, parts ? 1 : static_cast<unsigned>(a.ks));
     if constexpr (F::kEpilogues) {
       if (gdn) {
-        unsigned side = 0;
+        unsigned side = 0;  // the split group's CTAs at the kernel's R (its outputs per CTA depend on R)
         switch (mma_rows_of(mc)) {
-          case 1: a.side = gdn_side_group<1>(*gdn, side); break;
-          case 2: a.side = gdn_side_group<2>(*gdn, side); break;
-          case 4: a.side = gdn_side_group<4>(*gdn, side); break;
-          default: a.side = gdn_side_group<8>(*gdn, side); break;
+          case 1: a.side = split_group_of<kBF16, 1>(gdn->ws, gdn->ys, gdn->n, side); break;
+          case 2: a.side = split_group_of<kBF16, 2>(gdn->ws, gdn->ys, gdn->n, side); break;
+          case 4: a.side = split_group_of<kBF16, 4>(gdn->ws, gdn->ys, gdn->n, side); break;
+          default: a.side = split_group_of<kBF16, 8>(gdn->ws, gdn->ys, gdn->n, side); break;
         }
         a.side_x = gdn->x;
         a.side_K = gdn->ws[0]->in;
