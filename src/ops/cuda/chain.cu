@@ -11,11 +11,14 @@
 //   norm mode: the chunks of a row form a thread-block cluster (dim / 1024 <= 8 CTAs); each CTA sums
 //     its chunk's squares (thread t: its 4 elements by fma in order, then the warp butterfly and the 8
 //     warp sums in a fixed tree), the cluster adds the chunk sums in chunk order through distributed
-//     shared memory, and every CTA normalises its own chunk;
+//     shared memory, and every CTA normalises its own chunk. The rotation is linear and 1 / rms a scalar,
+//     so the CTA rotates x * w while the sums are exchanged and scales the rotated values after (n itself
+//     is (x / rms) * w, as the norm op's);
 //   swiglu / sigmoid-gate modes: no cluster (elementwise); gated norm: per head, inside the CTA.
 // Then the signs, the butterflies of prism::fwht (stage h = 1 .. 512, (a, b) -> (a + b, a - b), lower
 // index first; in registers, across lanes, then across warps through shared memory) and the 1/32
-// scale: the rotation's bits are exactly the hadamard op's. Warp w then quantizes the chunk's 128-block
+// scale: the rotation's bits are exactly the hadamard op's (norm mode: of x * w, then times 1 / rms, which
+// rounds differently from rotating n: within the ops' bound of the CPU). Warp w then quantizes the chunk's 128-block
 // w as quantize_x24_kernel does (the same exponent, rounding and digit split): byte for byte the same
 // records. Nothing depends on the number of rows: a row's bits are the same alone or in a verify block.
 // Measured on the H200 (S7-2, 27B decode step): each chain kernel cost ~3 us of body on top of one more
@@ -115,6 +118,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
   }
   pdl_wait();
   float v[4];
+  float xv[4], xinv = 1.0f;  // norm mode: the row x (after the residual) and, with local_norm, 1 / rms
   if constexpr (kMode == 2) {
     // rms_norm_gated per head: the head's hd / 4 threads are consecutive lanes (hd <= 128: a butterfly
     // over them) or whole warps (hd > 128: warp sums, then the head's warps in order).
@@ -168,28 +172,20 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
     if (lane == 0) wsum[warp] = ss;
     __syncthreads();
     if (tid == 0) chunk_ss = ((wsum[0] + wsum[1]) + (wsum[2] + wsum[3])) + ((wsum[4] + wsum[5]) + (wsum[6] + wsum[7]));
-    float inv;
     if (a.local_norm) {  // the diagnostic (wrong results): what the norm costs without the exchange
       __syncthreads();
-      inv = 1.0f / sqrtf(chunk_ss * static_cast<float>(gridDim.x) / static_cast<float>(a.dim) + a.eps);
+      xinv = 1.0f / sqrtf(chunk_ss * static_cast<float>(gridDim.x) / static_cast<float>(a.dim) + a.eps);
     } else {
-      cg::cluster_group cluster = cg::this_cluster();
-      cluster.sync();  // every chunk's sum is published
-      float tot = 0.0f;
-      for (unsigned s = 0; s < cluster.num_blocks(); ++s) tot += *cluster.map_shared_rank(&chunk_ss, s);
-      // No CTA may leave while another still reads its chunk_ss: this CTA arrives at the closing cluster
-      // barrier now and waits for the others at its end, so its rotation and quantization run meanwhile
-      // (a full cluster.sync() here instead: decode 4.58 / 4.63 / 4.57 ms vs 4.64 / 4.59 / 4.57, verify
-      // 7.66 / 7.70 / 7.50 vs 7.50 / 7.47 / 7.47, alternating on one H200, S12-6).
+      // Publish the chunk's sum (every thread arrives; tid 0's store is released with its arrival) and
+      // rotate x * w while the other chunks' sums arrive: the norm's 1 / rms is a scalar, so it is applied
+      // after the rotation (below), and the exchange's latency hides behind the butterflies.
       asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-      inv = 1.0f / sqrtf(tot / static_cast<float>(a.dim) + a.eps);
     }
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const float q = v[k] * inv;
-      v[k] = a.w ? q * wv[k] : q;
+      xv[k] = v[k];
+      if (a.w) v[k] = v[k] * wv[k];
     }
-    st4(a.n + base + i0, v);
   } else if constexpr (kMode == 1) {
     float g[4], u[4];
     ld4(a.gate + base + i0, g);
@@ -236,6 +232,36 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
     }
     __syncthreads();
     ld4(buf + i0, v);
+  }
+  if constexpr (kMode == 0) {
+    // The norm: every chunk's sum of squares (in chunk order), 1 / rms, n = (x * inv) * w, and the rotated
+    // x * w times inv (the rotation is linear); unrotated, the records quantize n itself.
+    float inv = xinv;
+    if (!a.local_norm) {
+      cg::cluster_group cluster = cg::this_cluster();
+      asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");  // every chunk's sum is published
+      const unsigned nb = cluster.num_blocks();
+      float part[8];
+#pragma unroll
+      for (unsigned s = 0; s < 8; ++s) part[s] = s < nb ? *cluster.map_shared_rank(&chunk_ss, s) : 0.0f;
+      float tot = part[0];
+#pragma unroll
+      for (unsigned s = 1; s < 8; ++s)
+        if (s < nb) tot += part[s];
+      // No CTA may leave while another still reads its chunk_ss: this CTA arrives at the closing cluster
+      // barrier now and waits for the others at its end, so its quantization runs meanwhile (a full
+      // cluster.sync() instead of the split: slower, S12-6).
+      asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+      inv = 1.0f / sqrtf(tot / static_cast<float>(a.dim) + a.eps);
+    }
+    float nv[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float q = xv[k] * inv;
+      nv[k] = a.w ? q * wv[k] : q;
+      v[k] = a.rotate ? v[k] * inv : nv[k];  // unrotated, the records quantize n itself
+    }
+    st4(a.n + base + i0, nv);
   }
   // Warp w: quantization block w (elements 128 w .. 128 w + 127 of the chunk), lane L elements 4L .. 4L+3.
   constexpr float kScale = 0.03125f;  // 1 / sqrt(1024), exact
