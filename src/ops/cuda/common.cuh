@@ -56,16 +56,30 @@ __device__ __forceinline__ float block_sum(float v, float* sh) {
 // CPU (Hugging Face's fp32 angles): inv_freq in double rounded to fp32, the angle pos * inv_freq in
 // fp32, cos/sin in double of that angle, rounded; the rotation without fma. Shared by rope_kernel and
 // the fused attention_prep kernel, so both give the same bits.
-__device__ __forceinline__ void rope_pair(float* xh, int64_t d, int64_t half, int64_t n_rot, int32_t pos,
-                                          double theta) {
-  const float inv_freq = static_cast<float>(1.0 / pow(theta, static_cast<double>(2 * d) / static_cast<double>(n_rot)));
+// The recipe in three steps, so that a kernel can take the parts that need no data early: rope_inv_freq
+// (pair d), rope_cos_sin (at pos), rope_rotate (the pair's values a = x[d], b = x[d + half]).
+__device__ __forceinline__ float rope_inv_freq(int64_t d, int64_t n_rot, double theta) {
+  return static_cast<float>(1.0 / pow(theta, static_cast<double>(2 * d) / static_cast<double>(n_rot)));
+}
+__device__ __forceinline__ void rope_cos_sin(float inv_freq, int32_t pos, float& c, float& s) {
   const float angle = __fmul_rn(static_cast<float>(pos), inv_freq);
   double sd, cd;
   sincos(static_cast<double>(angle), &sd, &cd);
-  const float c = static_cast<float>(cd), s = static_cast<float>(sd);
-  const float a = xh[d], b = xh[d + half];
-  xh[d] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-  xh[d + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+  c = static_cast<float>(cd), s = static_cast<float>(sd);
+}
+__device__ __forceinline__ void rope_rotate(float& a, float& b, float c, float s) {
+  const float a0 = a, b0 = b;
+  a = __fsub_rn(__fmul_rn(a0, c), __fmul_rn(b0, s));
+  b = __fadd_rn(__fmul_rn(b0, c), __fmul_rn(a0, s));
+}
+__device__ __forceinline__ void rope_pair(float* xh, int64_t d, int64_t half, int64_t n_rot, int32_t pos,
+                                          double theta) {
+  float c, s;
+  rope_cos_sin(rope_inv_freq(d, n_rot, theta), pos, c, s);
+  float a = xh[d], b = xh[d + half];
+  rope_rotate(a, b, c, s);
+  xh[d] = a;
+  xh[d + half] = b;
 }
 
 // Grouped launches (several weights sharing one input in one grid): part k owns the grid indices

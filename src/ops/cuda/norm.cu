@@ -288,16 +288,85 @@ __device__ __forceinline__ void norm_row_regs(const float* xr, const float* __re
   }
 }
 
-__global__ void attention_prep_kernel(const AttentionPrepArgs a) {
-  {  // the head's norm weight (a constant) on its way to L2 during the wait
-    const float* nw = blockIdx.y < a.n_head ? a.q_norm : blockIdx.y < a.n_head + a.n_head_kv ? a.k_norm : nullptr;
-    if (nw && threadIdx.x * 32 < a.head_dim) prefetch_l2(nw + threadIdx.x * 32);
+// A q or k head of attention_prep: norm_row_regs' rms norm (the same loads, sums and rounding: thread t
+// elements t, t + T, ...) staged in shared memory, then rope_rotate of the thread's pairs d = t, t + T, ...
+// (< half) from there with the cos / sin it computed while the row was in flight, into yr and the cache row
+// (k heads; null: none). Elements past the pairs keep the norm's value. The same bits as the norm op, then
+// the rope op (test_cuda CudaAttentionPrep): only where the values wait differs (no global round trip
+// between the norm and the rope, nor before the cache copy).
+__device__ __forceinline__ void norm_rope_head(const float* xr, const float (&wv)[kNormRegs], bool has_w, float* yr,
+                                               float* cache, int64_t n, int64_t half, int32_t pos,
+                                               const float (&inv_freq)[kNormRegs / 2], float eps, float* sh,
+                                               float* row) {
+  const int T = blockDim.x;
+  float v[kNormRegs];
+#pragma unroll
+  for (int j = 0; j < kNormRegs; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
+    v[j] = i < n ? xr[i] : 0.0f;
   }
-  pdl_wait();
+  float c[kNormRegs / 2], s[kNormRegs / 2];  // the thread's pairs (half <= n / 2 <= kNormRegs * T / 2)
+#pragma unroll
+  for (int k = 0; k < kNormRegs / 2; ++k)
+    if (threadIdx.x + static_cast<int64_t>(k) * T < half) rope_cos_sin(inv_freq[k], pos, c[k], s[k]);
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kNormRegs; ++j)
+    if (threadIdx.x + static_cast<int64_t>(j) * T < n) ss = fmaf(v[j], v[j], ss);
+  ss = block_sum(ss, sh);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+#pragma unroll
+  for (int j = 0; j < kNormRegs; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
+    if (i < n) {
+      const float q = v[j] * inv;
+      v[j] = has_w ? q * wv[j] : q;
+      row[i] = v[j];
+      if (i >= 2 * half) {  // not in a pair
+        yr[i] = v[j];
+        if (cache) cache[i] = v[j];
+      }
+    }
+  }
+  __syncthreads();  // the pairs span other threads' elements
+#pragma unroll
+  for (int k = 0; k < kNormRegs / 2; ++k) {
+    const int64_t d = threadIdx.x + static_cast<int64_t>(k) * T;
+    if (d < half) {
+      float a = row[d], b = row[d + half];
+      rope_rotate(a, b, c[k], s[k]);
+      yr[d] = a;
+      yr[d + half] = b;
+      if (cache) {
+        cache[d] = a;
+        cache[d + half] = b;
+      }
+    }
+  }
+}
+
+__global__ void attention_prep_kernel(const AttentionPrepArgs a) {
   __shared__ float sh[32];
-  const int64_t m = blockIdx.x, hd = a.head_dim, half = a.n_rot / 2, kvw = a.n_head_kv * hd;
+  __shared__ float row[kAttentionPrepMaxHeadDim];
+  const int64_t hd = a.head_dim, half = a.n_rot / 2, kvw = a.n_head_kv * hd;
   const int64_t u = blockIdx.y;
   const int T = blockDim.x;
+  // Before the wait, what depends on no kernel of the step: the head's norm weights and the rope's
+  // frequencies (a double pow per pair).
+  const float* nw = u < a.n_head ? a.q_norm : u < a.n_head + a.n_head_kv ? a.k_norm : nullptr;
+  float wv[kNormRegs], inv_freq[kNormRegs / 2];
+#pragma unroll
+  for (int j = 0; j < kNormRegs; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
+    wv[j] = nw && i < hd ? nw[i] : 1.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < kNormRegs / 2; ++k) {
+    const int64_t d = threadIdx.x + static_cast<int64_t>(k) * T;
+    inv_freq[k] = u < a.n_head + a.n_head_kv && d < half ? rope_inv_freq(d, a.n_rot, static_cast<double>(a.theta)) : 0.0f;
+  }
+  pdl_wait();
+  const int64_t m = blockIdx.x;
   const int32_t slot = a.slot[m];
   const bool store = slot >= 0 && slot < a.cache_rows;  // as scatter_rows: a row outside the cache is skipped
   if (u < a.n_head) {
@@ -306,19 +375,11 @@ __global__ void attention_prep_kernel(const AttentionPrepArgs a) {
     float* dst = a.q + qh * hd;
     if (a.gate)
       for (int64_t i = threadIdx.x; i < hd; i += T) a.gate[qh * hd + i] = src[hd + i];
-    norm_row_regs<false>(src, a.q_norm, 1.0f, dst, hd, a.eps, sh);
-    __syncthreads();  // the rope pairs span other threads' elements
-    for (int64_t d = threadIdx.x; d < half; d += T) rope_pair(dst, d, half, a.n_rot, a.pos[m], static_cast<double>(a.theta));
+    norm_rope_head(src, wv, a.q_norm != nullptr, dst, nullptr, hd, half, a.pos[m], inv_freq, a.eps, sh, row);
   } else if (u < a.n_head + a.n_head_kv) {
     float* kr = a.k + m * kvw + (u - a.n_head) * hd;
-    norm_row_regs<false>(kr, a.k_norm, 1.0f, kr, hd, a.eps, sh);
-    __syncthreads();
-    for (int64_t d = threadIdx.x; d < half; d += T) rope_pair(kr, d, half, a.n_rot, a.pos[m], static_cast<double>(a.theta));
-    __syncthreads();
-    if (store) {
-      float* kc = a.k_cache + slot * kvw + (u - a.n_head) * hd;
-      for (int64_t i = threadIdx.x; i < hd; i += T) kc[i] = kr[i];
-    }
+    float* kc = store ? a.k_cache + slot * kvw + (u - a.n_head) * hd : nullptr;
+    norm_rope_head(kr, wv, a.k_norm != nullptr, kr, kc, hd, half, a.pos[m], inv_freq, a.eps, sh, row);
   } else if (store) {
     const float* vr = a.v + m * kvw;
     float* vc = a.v_cache + slot * kvw;
