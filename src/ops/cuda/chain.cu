@@ -13,14 +13,14 @@
 //     warp sums in a fixed tree), the cluster adds the chunk sums in chunk order through distributed
 //     shared memory, and every CTA normalises its own chunk. The rotation is linear and 1 / rms a scalar,
 //     so the CTA rotates x * w while the sums are exchanged and scales the rotated values after (n itself
-//     is (x / rms) * w, as the norm op's);
+//     is (x * (1 / rms)) * w, as the norm op's);
 //   swiglu / sigmoid-gate modes: no cluster (elementwise); gated norm: per head, inside the CTA.
 // Then the signs, the butterflies of prism::fwht (stage h = 1 .. 512, (a, b) -> (a + b, a - b), lower
 // index first; in registers, across lanes, then across warps through shared memory) and the 1/32
-// scale: the rotation's bits are exactly the hadamard op's (norm mode: of x * w, then times 1 / rms, which
-// rounds differently from rotating n: within the ops' bound of the CPU). Warp w then quantizes the chunk's 128-block
-// w as quantize_x24_kernel does (the same exponent, rounding and digit split): byte for byte the same
-// records. Nothing depends on the number of rows: a row's bits are the same alone or in a verify block.
+// scale: the rotation's bits are exactly the hadamard op's (norm mode: of x * w, then times 1 / rms,
+// which rounds differently from rotating n: within the ops' bound of the CPU). Warp w then quantizes the
+// chunk's 128-block w as quantize_x24_kernel does (the same exponent, rounding and digit split): byte for
+// byte the same records. Nothing depends on the number of rows: a row's bits are the same alone or in a verify block.
 // Measured on the H200 (S7-2, 27B decode step): each chain kernel cost ~3 us of body on top of one more
 // kernel boundary (~1.4 us) with the earlier layout (strided elements, 10 shared-memory stages).
 #include <cooperative_groups.h>

@@ -363,7 +363,8 @@ __global__ void attention_prep_kernel(const AttentionPrepArgs a) {
 #pragma unroll
   for (int k = 0; k < kNormRegs / 2; ++k) {
     const int64_t d = threadIdx.x + static_cast<int64_t>(k) * T;
-    inv_freq[k] = u < a.n_head + a.n_head_kv && d < half ? rope_inv_freq(d, a.n_rot, static_cast<double>(a.theta)) : 0.0f;
+    const bool roped = u < a.n_head + a.n_head_kv && d < half;  // a q or k head's pair
+    inv_freq[k] = roped ? rope_inv_freq(d, a.n_rot, static_cast<double>(a.theta)) : 0.0f;
   }
   pdl_wait();
   const int64_t m = blockIdx.x;
