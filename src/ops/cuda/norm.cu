@@ -256,64 +256,58 @@ inline unsigned elem_blocks(int64_t n) {
 // in-register path with the same thread count (norm_threads(head_dim)), so the same sums in the same
 // order, and the rope is rope_pair: every element has the bits of the op sequence.
 
-// One row of n <= kNormRegs * blockDim.x elements, as norm_kernel's in-register path (the same loads,
-// sums and rounding): kL2 false: rms norm (mean of squares) times w (or 1), norm_kernel<0>; true: l2
-// norm (sum of squares) times scale, norm_kernel<1>. attention_prep and gdn_split_qkv use it.
-template <bool kL2>
-__device__ __forceinline__ void norm_row_regs(const float* xr, const float* __restrict__ w, float scale, float* yr,
-                                              int64_t n, float eps, float* sh) {
+// norm_kernel's in-register path for one row of n <= kNormRegs * blockDim.x elements, in two steps (a
+// caller may put work between them while the loads are in flight): the thread's elements t, t + T, ...
+// (zero past n), then the row's sum of their squares (each thread's by fma in order, then block_sum's tree).
+__device__ __forceinline__ void load_row_regs(const float* xr, int64_t n, float (&v)[kNormRegs]) {
   const int T = blockDim.x;
-  float v[kNormRegs];
-  float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kNormRegs; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
     v[j] = i < n ? xr[i] : 0.0f;
   }
+}
+__device__ __forceinline__ float row_sum_squares(const float (&v)[kNormRegs], int64_t n, float* sh) {
+  const int T = blockDim.x;
+  float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kNormRegs; ++j)
     if (threadIdx.x + static_cast<int64_t>(j) * T < n) ss = fmaf(v[j], v[j], ss);
-  ss = block_sum(ss, sh);
-  const float inv = kL2 ? 1.0f / sqrtf(ss + eps) : 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  return block_sum(ss, sh);
+}
+
+// The l2 norm of one row (sum of squares) times scale, as norm_kernel<1> (gdn_split_qkv).
+__device__ __forceinline__ void l2_norm_row_regs(const float* xr, float scale, float* yr, int64_t n, float eps,
+                                                 float* sh) {
+  const int T = blockDim.x;
+  float v[kNormRegs];
+  load_row_regs(xr, n, v);
+  const float inv = 1.0f / sqrtf(row_sum_squares(v, n, sh) + eps);
 #pragma unroll
   for (int j = 0; j < kNormRegs; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
-    if (i < n) {
-      const float q = v[j] * inv;
-      if constexpr (kL2)
-        yr[i] = q * scale;
-      else
-        yr[i] = w ? q * w[i] : q;
-    }
+    if (i < n) yr[i] = v[j] * inv * scale;
   }
 }
 
-// A q or k head of attention_prep: norm_row_regs' rms norm (the same loads, sums and rounding: thread t
-// elements t, t + T, ...) staged in shared memory, then rope_rotate of the thread's pairs d = t, t + T, ...
-// (< half) from there with the cos / sin it computed while the row was in flight, into yr and the cache row
-// (k heads; null: none). Elements past the pairs keep the norm's value. The same bits as the norm op, then
-// the rope op (test_cuda CudaAttentionPrep): only where the values wait differs (no global round trip
-// between the norm and the rope, nor before the cache copy).
-__device__ __forceinline__ void norm_rope_head(const float* xr, const float (&wv)[kNormRegs], bool has_w, float* yr,
-                                               float* cache, int64_t n, int64_t half, int32_t pos,
+// A q or k head of attention_prep: norm_kernel<0>'s rms norm (load_row_regs, row_sum_squares) staged in
+// shared memory, then rope_rotate of the thread's pairs d = t, t + T, ... (< half) from there with the
+// cos / sin it computed while the row was in flight, into yr and the cache row (k heads; null: none).
+// Elements past the pairs keep the norm's value. The same bits as the norm op, then the rope op (test_cuda
+// CudaAttentionPrep): only where the values wait differs (no global round trip between the norm and the
+// rope, nor before the cache copy).
+__device__ __forceinline__ void norm_rope_head(const float* xr, const float (&wv)[kNormRegs], bool has_w,
+                                               float* yr, float* cache, int64_t n, int64_t half, int32_t pos,
                                                const float (&inv_freq)[kNormRegs / 2], float eps, float* sh,
                                                float* row) {
   const int T = blockDim.x;
   float v[kNormRegs];
-#pragma unroll
-  for (int j = 0; j < kNormRegs; ++j) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
-    v[j] = i < n ? xr[i] : 0.0f;
-  }
+  load_row_regs(xr, n, v);
   float c[kNormRegs / 2], s[kNormRegs / 2];  // the thread's pairs (half <= n / 2 <= kNormRegs * T / 2)
 #pragma unroll
   for (int k = 0; k < kNormRegs / 2; ++k)
     if (threadIdx.x + static_cast<int64_t>(k) * T < half) rope_cos_sin(inv_freq[k], pos, c[k], s[k]);
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kNormRegs; ++j)
-    if (threadIdx.x + static_cast<int64_t>(j) * T < n) ss = fmaf(v[j], v[j], ss);
-  ss = block_sum(ss, sh);
+  const float ss = row_sum_squares(v, n, sh);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
 #pragma unroll
   for (int j = 0; j < kNormRegs; ++j) {
@@ -404,7 +398,7 @@ __global__ void gdn_split_qkv_kernel(const float* __restrict__ conv, float* __re
     const bool is_q = u < Hk;
     const float* xr = row + u * dk;  // k heads follow the q heads in the row
     float* yr = (is_q ? q : k) + m * qw + (is_q ? u : u - Hk) * dk;
-    norm_row_regs<true>(xr, nullptr, is_q ? q_scale : 1.0f, yr, dk, eps, sh);
+    l2_norm_row_regs(xr, is_q ? q_scale : 1.0f, yr, dk, eps, sh);
   } else {
     const float* src = row + 2 * qw;
     float* dst = v + m * vw;

@@ -53,27 +53,26 @@ __device__ __forceinline__ void load_w8<kF32>(const uint8_t* __restrict__ row, i
   const float4 a = p[0], b = p[1];
   w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
 }
-template <>
-__device__ __forceinline__ void load_w8<kF16>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
+// F16 / BF16: one 16-byte load of 8 halves, widened in order (low half of each word first).
+template <int T>
+__device__ __forceinline__ void load_w8_halves(const uint8_t* __restrict__ row, int64_t e0, float* w) {
   const uint4 v = *reinterpret_cast<const uint4*>(row + e0 * 2);
   const uint32_t a[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    w[2 * j] = fp16_to_f32(static_cast<uint16_t>(a[j] & 0xffff));
-    w[2 * j + 1] = fp16_to_f32(static_cast<uint16_t>(a[j] >> 16));
+    const uint16_t lo = static_cast<uint16_t>(a[j] & 0xffff), hi = static_cast<uint16_t>(a[j] >> 16);
+    w[2 * j] = T == kBF16 ? bf16_to_f32(lo) : fp16_to_f32(lo);
+    w[2 * j + 1] = T == kBF16 ? bf16_to_f32(hi) : fp16_to_f32(hi);
   }
+}
+template <>
+__device__ __forceinline__ void load_w8<kF16>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
+  load_w8_halves<kF16>(row, e0, w);
 }
 template <>
 __device__ __forceinline__ void load_w8<kBF16>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
-  const uint4 v = *reinterpret_cast<const uint4*>(row + e0 * 2);
-  const uint32_t a[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    w[2 * j] = __uint_as_float(a[j] << 16);
-    w[2 * j + 1] = __uint_as_float(a[j] & 0xffff0000u);
-  }
+  load_w8_halves<kBF16>(row, e0, w);
 }
-// Q8_0: half d | i8 q[32]
 template <>
 __device__ __forceinline__ void load_w8<kQ8_0>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
   const uint8_t* b = row + (e0 >> 5) * 34;
