@@ -32,6 +32,11 @@
 #       --profile-verify TYPE does the same for one 8-row verify step, --profile-prefill TYPE for one
 #       prefill chunk (the backend's prefill_rows() rows), --profile-draft TYPE for one draft step of
 #       the 27B-shaped drafter.
+#       --ncu-source 'REGEX;REGEX...' profiles the first launch of each kernel matching a REGEX (ncu -k
+#       regex:..., demangled names) in one step of the synthetic 27B PTQ1_0 pair ($NCU_STEP: decode
+#       (default), verify, draft), with the warp-state, scheduler, memory and source-counter sections,
+#       and writes the details page ($OUT/ncu_<step>_<n>.txt) and the per-SASS-instruction source page
+#       with its stall samples ($OUT/ncu_<step>_<n>_sass.csv.gz) of each.
 #       --timeline TYPE records one decode, one 8-row verify and one draft step of that 27B pair through
 #       CUPTI (bench_cuda_ops with DFLASH_STEP_TIMELINE=1: the real, PDL-overlapped timeline, which ncu
 #       cannot show; the GPU machine has no nsys) and writes where each step's wall time goes to
@@ -100,7 +105,7 @@ if [ "${1:-}" = "--stage" ]; then
   exit 0
 fi
 
-ATTN=0 TIMELINE="" RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64 DBENCH="" PROFILE="" PROFILE_KIND=decode SASS="" AB="" AB_RUNS=2 ENVAB="" ENVAB_PP=0
+ATTN=0 TIMELINE="" RUN_TEST=1 RUN_BENCH=1 MODEL27="" TOKENS=64 DBENCH="" PROFILE="" PROFILE_KIND=decode SASS="" AB="" AB_RUNS=2 ENVAB="" ENVAB_PP=0 NCU_SRC=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-test) RUN_TEST=0 ;;
@@ -113,6 +118,7 @@ while [ $# -gt 0 ]; do
     --profile-prefill) PROFILE="$2"; PROFILE_KIND=prefill; shift ;;
     --profile-draft) PROFILE="$2"; PROFILE_KIND=draft; shift ;;
     --timeline) TIMELINE="$2"; shift ;;
+    --ncu-source) NCU_SRC="$2"; shift ;;
     --attention) ATTN=1 ;;
     --sass) SASS="$2"; shift ;;
     --ab) AB="$2"; shift ;;
@@ -248,6 +254,29 @@ if [ -n "$PROFILE" ]; then
   gzip -f "$OUT/step_$PROFILE.csv"
 fi
 
+if [ -n "$NCU_SRC" ]; then
+  # One ncu run per regex: the first matching launch of one step, its report imported twice (details,
+  # the SASS source page with per-instruction stall samples).
+  F=/tmp/bonsai27-ptq1_0.gguf D=/tmp/drafter27.gguf
+  ensure_27b ptq1_0
+  IFS=';' read -r -a KRX <<<"$NCU_SRC"
+  n=0
+  for rx in "${KRX[@]}"; do
+    n=$((n + 1))
+    R="$OUT/ncu_${NCU_STEP:-decode}_$n"
+    t0=$(date +%s)
+    DFLASH_PROFILE_STEP=${NCU_STEP:-decode} timeout 300 ncu --profile-from-start off --kernel-name-base demangled \
+      -k "regex:$rx" -c 1 --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+      --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters --import-source no \
+      -f -o "$R" "$G/bench_cuda_ops" --model "$F" --drafter "$D" --model-only --tokens 4 >"$R.app.log" 2>&1
+    echo "ncu $rx (${NCU_STEP:-decode}): exit $? in $(( $(date +%s) - t0 )) s"
+    ncu --import "$R.ncu-rep" --page details >"$R.txt" 2>&1
+    ncu --import "$R.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$R"_sass.csv.gz
+    rm -f "$R.ncu-rep"  # (not readable on the build machine; the two pages keep what is used)
+    grep -E "Duration|Registers Per|Achieved Active Warps|Warp Cycles Per Issued|Issued Ipc" "$R.txt" | head -8
+  done
+fi
+
 if [ -n "$TIMELINE" ]; then
   F=/tmp/bonsai27-$TIMELINE.gguf D=/tmp/drafter27.gguf
   ensure_27b "$TIMELINE"
@@ -305,7 +334,7 @@ for f in "$OUT"/bench_model_*.md; do [ -f "$f" ] && cat "$f"; done
 if [ -n "$DEST" ] && [ "$(cd "$DEST" 2>/dev/null && pwd -P)" != "$(cd "$OUT" && pwd -P)" ]; then
   mkdir -p "$DEST"
   n=0
-  for f in "$OUT"/test_cuda_table.md "$OUT"/dflash_bench_*.md "$OUT"/timeline_*.md "$OUT"/step_breakdown_*.md \
+  for f in "$OUT"/test_cuda_table.md "$OUT"/ncu_*.txt "$OUT"/dflash_bench_*.md "$OUT"/timeline_*.md "$OUT"/step_breakdown_*.md \
     "$OUT"/ab_*.txt "$OUT"/env_ab.txt "$OUT"/attention.md "$OUT"/bench.md "$OUT"/bench_model_*.md; do
     [ -f "$f" ] && [ $n -lt 7 ] && cp "$f" "$DEST/" && n=$((n + 1))
   done

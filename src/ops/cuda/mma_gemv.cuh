@@ -136,6 +136,7 @@ struct MmaArgs {
   int kb[9];  // the k split's block boundaries: CTA z takes blocks kb[z] .. kb[z + 1] (no division on the device)
   int stage_stride;  // bytes from one ring stage to the next: ring_stride<F>(mc)
   bool signal;       // let the next kernel's CTAs launch once every CTA is past its wait (mma_signals)
+  bool weights_evict_first;  // the weights' copies ask L2 to evict them first (mma_weights_evict_first)
   // 0: the ks partial sums are added here (a cluster); else CTA z stores its partial sums as part z of
   // y, at y + z * part_stride (matmul_parts: the kernel that reads y adds the parts in split order).
   int64_t part_stride;
@@ -194,19 +195,39 @@ struct BlockSrc {
   const int32_t* meta;                   // row m0 + lane's meta of the block
 };
 
+// The L2 policy of the weights' copies: evict_first when `first` (every weight byte is read once per
+// step, so a line of it need not outlive its copy), else evict_normal (what an unhinted copy gets).
+__device__ __forceinline__ uint64_t weights_l2_policy(bool first) {
+  uint64_t p;
+  if (first)
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+// cp_async16 (L2 only) with an L2 cache policy.
+__device__ __forceinline__ void cp_async16_policy(void* smem, const void* gmem, uint64_t policy) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "l"(policy)
+               : "memory");
+}
+
 // One warp copies one block (codes and scales of the CTA's tiles, quantized activations of its mc
 // rows) into a stage: 16-byte pieces, lane-strided.
 template <class F>
-__device__ __forceinline__ void issue_weights(const BlockSrc<F>& src, int64_t boff, int lane, uint8_t* stage) {
+__device__ __forceinline__ void issue_weights(const BlockSrc<F>& src, int64_t boff, int lane, uint8_t* stage,
+                                              uint64_t policy) {
 #pragma unroll
   for (int i = 0; i < kTilesPerCta; ++i)  // tiles past the last one re-read it (pointers clamped)
 #pragma unroll
     for (int q = 0; q < F::kCodeBytes / 512; ++q)
-      cp_async16(stage + i * F::kCodeBytes + q * 512 + lane * 16, src.codes[i] + boff * F::kCodeBytes + q * 512);
+      cp_async16_policy(stage + i * F::kCodeBytes + q * 512 + lane * 16, src.codes[i] + boff * F::kCodeBytes + q * 512,
+                        policy);
 #pragma unroll
   for (int q = 0; q < BlockSrc<F>::kScaleIssues; ++q)
     if (lane + 32 * q < BlockSrc<F>::kScalePieces)
-      cp_async16(stage + kTilesPerCta * F::kCodeBytes + (lane + 32 * q) * 16, src.scales[q] + boff * F::kScaleBytes);
+      cp_async16_policy(stage + kTilesPerCta * F::kCodeBytes + (lane + 32 * q) * 16,
+                        src.scales[q] + boff * F::kScaleBytes, policy);
 }
 // The activations of one staged block: the mc rows' records are one contiguous run (block-major xq), so
 // piece p = lane + 32 it (< mc * 24 pieces of 16 B) lands at p * 16 in the stage's xq area from the same
@@ -361,9 +382,10 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
   src.meta = a.meta + (static_cast<int64_t>(first) * a.M + m0 + lane) * 4;
   // The first stages' weights do not depend on earlier kernels: their loads start before pdl_wait(),
   // while the previous kernel drains (they land in the first commit group).
+  const uint64_t wpol = weights_l2_policy(a.weights_evict_first);
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q)
-    if (q < nj) issue_weights<F>(src, static_cast<int64_t>(q) * F::kWarps, lane, ring + q * sb);
+    if (q < nj) issue_weights<F>(src, static_cast<int64_t>(q) * F::kWarps, lane, ring + q * sb, wpol);
   if constexpr (kEpi == kEpiGdnInput) {
     // The conv's inputs for this CTA's channels, read in its epilogue: the state (written a whole step
     // ago) and the weights, asked of L2 now (a hint; the values are read after the wait).
@@ -391,7 +413,7 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
     __syncwarp();  // every lane is done with the stage that the next issue overwrites
     const int jn = j + kStages - 1;
     if (jn < nj) {
-      issue_weights<F>(src, static_cast<int64_t>(jn) * F::kWarps, lane, ring + nxt);
+      issue_weights<F>(src, static_cast<int64_t>(jn) * F::kWarps, lane, ring + nxt, wpol);
       issue_acts<F, R>(src, static_cast<int64_t>(jn) * F::kWarps, static_cast<uint32_t>(a.M), mc, lane, ring + nxt);
     }
     cp_async_commit();
@@ -497,6 +519,16 @@ inline bool mma_wide_alt() {
 inline bool mma_signals(int64_t M) {
   static const int rows = env_int("DFLASH_CUDA_MM_SIGNAL_ROWS", kCols);
   return M <= rows;
+}
+
+// The weights stream through L2 once per step (~6 GB against its 60 MB at 27B), so with the default
+// policy they evict everything else there between two uses: the activations, the residual and the
+// norm weights the small kernels read, and the kernels' code and parameters (ncu of the decode
+// attention and GDN kernels: instruction-fetch and constant-cache misses among their top stalls).
+// Copied as evict_first, they replace one another instead. DFLASH_CUDA_MM_EVICT_FIRST=0 for comparison.
+inline bool mma_weights_evict_first() {
+  static const bool v = env_flag("DFLASH_CUDA_MM_EVICT_FIRST", true);
+  return v;
 }
 
 // Ring depth at one activation row: F::kStagesOneRow, or F::kStagesNarrow with
@@ -642,6 +674,7 @@ int launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const 
     const int mc = static_cast<int>(std::min<int64_t>(a.M, kCols));  // rows staged: the largest tile's
     a.stage_stride = ring_stride<F>(mc);
     a.signal = mma_signals(a.M);
+    a.weights_evict_first = mma_weights_evict_first();
     const dim3 cluster(1, 1, parts ? 1 : static_cast<unsigned>(a.ks));
     if constexpr (F::kEpilogues) {
       if (gdn) {
