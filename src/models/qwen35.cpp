@@ -490,6 +490,13 @@ int Qwen35Model::attention_block(int il, const float* nin, float* y, int64_t M) 
   be_.attention_prep(prep);
   // A long non-undoable chunk takes the prefill kernel (tensor cores on CUDA; rounds differently).
   const float scale = 1.0f / std::sqrt((float)hd);
+  if (cfg_.attn_output_gate && !prefill_chunk_) {
+    // decode / verify: the attention, attn * sigmoid(gate) and (prism) wo's input rotation as one op
+    float* dst = w.rot_attn_out ? rot_ : attn_;
+    be_.attention_gate_rotate(q_, s.k_cache, s.v_cache, d_kv_range_, attn_, gate_, dst,
+                              rotation(q_width(), w.rot_attn_out), M, H, Hkv, hd, scale);
+    return mm_residual(w.wo, dst, y, M);
+  }
   if (prefill_chunk_)
     be_.attention_prefill(q_, s.k_cache, s.v_cache, d_kv_range_, attn_, M, H, Hkv, hd, scale);
   else

@@ -247,6 +247,15 @@ class Backend {
   // h / (n_heads / n_kv_heads). kv_range is an int32 array [M, 2].
   virtual void attention(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
                          int64_t M, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale) = 0;
+  // attention(), then sigmoid_gate_rotate(out, gate, y, rot, M, n_heads * head_dim): the gated attention
+  // output and wo's input rotation as one op (CUDA: the key segments' merge, the gate, the rotation and
+  // wo's activation quantization in one kernel). out gets the attention output unless y == out.
+  virtual void attention_gate_rotate(const float* q, const float* k, const float* v, const int32_t* kv_range,
+                                     float* out, const float* gate, float* y, const Rotation& rot, int64_t M,
+                                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale) {
+    attention(q, k, v, kv_range, out, M, n_heads, n_kv_heads, head_dim, scale);
+    sigmoid_gate_rotate(out, gate, y, rot, M, n_heads * head_dim);
+  }
   // The same attention for long prefill chunks, whose rows are never compared with one-row results
   // (like matmul_prefill): a backend may use a kernel whose rounding depends on M and on which rows
   // share a tile (CUDA: tf32 tensor cores, ~1e-7 NMSE from attention()). The lossless contract does not

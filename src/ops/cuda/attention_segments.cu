@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "ops/cuda/chunk_rotation.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
 
@@ -470,44 +471,84 @@ __global__ void __launch_bounds__(kSegThreads, kVariant == 1 ? 2 : 1) attention_
   }
 }
 
-// One CTA per (head, row), one thread per float4 chunk of the head dim (rounded up to whole warps).
-// Every warp reads the row's (m, l) pairs one per lane (<= 32 segments), so the max is a butterfly and
-// the weights are computed once per lane; the folds over the segments run in segment order.
-__global__ void attention_segment_merge_kernel(const SegArgs a) {
-  pdl_wait();
-  const int h = blockIdx.x;
-  const int64_t m = blockIdx.y;
-  const int c = threadIdx.x, lane = threadIdx.x & 31;
-  const int nz = segment_count(a.kv_range[2 * m], a.kv_range[2 * m + 1]);
-  float4* out = reinterpret_cast<float4*>(a.out + (m * a.n_heads + h) * a.D) + c;
-  if (nz == 0) {
-    if (c < a.d4) *out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    return;
-  }
+// The merged output of (row m, head h), float4 chunk c of the head dim. Every lane of the warp calls it
+// (shuffles); lanes past the head dim pass active = false and get zeros. Each lane reads the row's (m, l)
+// pairs one per lane (<= 32 segments), so the max is a butterfly and the weights are computed once per
+// lane; the folds over the segments run in segment order. The row's range, the lane's (m, l) slot and
+// segment 0's partial are requested together, before the segment count is known (the slots exist for
+// all kSegs segments; those of empty segments are never used): one global round trip instead of three.
+__device__ __forceinline__ float4 merge_chunk(const SegArgs& a, int h, int64_t m, int c, int lane, bool active) {
   const int64_t base = (m * a.n_heads + h) * kSegs;
-  float2 ml = make_float2(-INFINITY, 0.0f);
-  if (lane < nz) ml = reinterpret_cast<const float2*>(a.part_ml)[base + lane];
+  const int lo = a.kv_range[2 * m], hi = a.kv_range[2 * m + 1];
+  const float2 ml_slot = reinterpret_cast<const float2*>(a.part_ml)[base + lane];
+  const float4* acc = reinterpret_cast<const float4*>(a.part_acc + base * a.D) + c;
+  const float4 acc0 = active ? acc[0] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const int nz = segment_count(lo, hi);
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (nz == 0) return o;
+  const float2 ml = lane < nz ? ml_slot : make_float2(-INFINITY, 0.0f);
   const float mx = warp_max(ml.x);
   const float w = lane < nz ? expf(ml.x - mx) : 0.0f;
   float tot = 0.0f;
-  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  const float4* acc = reinterpret_cast<const float4*>(a.part_acc + base * a.D) + c;
   const int stride = a.d4;  // float4s between segments
 #pragma unroll 8
   for (int zz = 0; zz < nz; ++zz) {
     const float wz = __shfl_sync(0xffffffffu, w, zz), lz = __shfl_sync(0xffffffffu, ml.y, zz);
     tot = __fmaf_rn(lz, wz, tot);
-    if (c < a.d4) {
-      const float4 v = acc[zz * stride];
+    if (active) {
+      const float4 v = zz == 0 ? acc0 : acc[zz * stride];
       o.x = __fmaf_rn(v.x, wz, o.x);
       o.y = __fmaf_rn(v.y, wz, o.y);
       o.z = __fmaf_rn(v.z, wz, o.z);
       o.w = __fmaf_rn(v.w, wz, o.w);
     }
   }
-  if (c >= a.d4) return;
+  if (!active) return o;
   const float inv = __fdiv_rn(1.0f, tot);
-  *out = make_float4(__fmul_rn(o.x, inv), __fmul_rn(o.y, inv), __fmul_rn(o.z, inv), __fmul_rn(o.w, inv));
+  return make_float4(__fmul_rn(o.x, inv), __fmul_rn(o.y, inv), __fmul_rn(o.z, inv), __fmul_rn(o.w, inv));
+}
+
+// One CTA per (head, row), one thread per float4 chunk of the head dim (rounded up to whole warps).
+__global__ void attention_segment_merge_kernel(const SegArgs a) {
+  pdl_wait();
+  const int c = threadIdx.x;
+  const float4 o = merge_chunk(a, blockIdx.x, blockIdx.y, c, threadIdx.x & 31, c < a.d4);
+  if (c < a.d4) reinterpret_cast<float4*>(a.out + (static_cast<int64_t>(blockIdx.y) * a.n_heads + blockIdx.x) * a.D)[c] = o;
+}
+
+// The gated attention output after the merge (Backend::attention_gate_rotate): y = out * sigmoid(gate),
+// rotated and quantized for wo (chunk_rotation.cuh).
+struct GateOut {
+  const float* gate;   // [M][n_heads * D]
+  const float* signs;  // null or [n_heads * D]
+  float* y;            // [M][n_heads * D]
+  bool rotate;
+  bool keep_out;       // also store the merged attention output in a.out (when y is another buffer)
+  uint8_t* xq;         // records of y (xq_record.cuh), null: none
+  int32_t* meta;
+};
+
+// The merge, the sigmoid gate, the rotation and the quantization of one 1024-chunk of a row (4 or 8
+// whole heads: head dims 256 or 128, so each warp's 32 float4 chunks belong to one head, as in the merge
+// kernel): one kernel boundary less than the merge kernel + chain_kernel<3>, with their bits (the same
+// merge_chunk, the same gate expression, the same chunk_rotate).
+__global__ void __launch_bounds__(kChainThreads) attention_merge_gate_kernel(const SegArgs a, const GateOut g) {
+  __shared__ __align__(16) float buf[kChainChunk];
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int64_t m = blockIdx.y;
+  const int64_t dim = a.n_heads * a.D;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kChainChunk;
+  const int e = static_cast<int>(c0) + 4 * tid;  // this thread's first element of the row
+  float sg[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  if (g.rotate && g.signs) ld4(g.signs + e, sg);
+  pdl_wait();
+  float z[4];
+  ld4(g.gate + m * dim + e, z);  // in flight with the merge's loads
+  const float4 o = merge_chunk(a, e / a.D, m, (e % a.D) / 4, lane, true);
+  if (g.keep_out) *reinterpret_cast<float4*>(a.out + m * dim + e) = o;
+  float v[4] = {o.x * sigmoid_f(z[0]), o.y * sigmoid_f(z[1]), o.z * sigmoid_f(z[2]), o.w * sigmoid_f(z[3])};
+  if (g.rotate) chunk_rotate(v, sg, g.signs != nullptr, buf, tid, lane);
+  chunk_store_quantize(v, g.rotate, g.y + m * dim + c0, g.xq, g.meta, m, c0, gridDim.y, tid, lane);
 }
 
 // The segment kernel's variant forced by set_attention_segment_variant() (tests), else by
@@ -539,12 +580,19 @@ int segment_ctas_per_sm() {
   return n;
 }
 
-// One launch of at most kSegMaxM rows: the segment kernel (at most `ctas` CTAs), then the merge.
+// One launch of at most kSegMaxM rows: the segment kernel (at most `ctas` CTAs), then the merge (with
+// gate: the merge and the gated output chain, attention_merge_gate_kernel).
 template <int CPS, int kVar>
-void launch_segments_cps(const SegArgs& a, int64_t n_kv_heads, int ctas, cudaStream_t s) {
+void launch_segments_cps(const SegArgs& a, int64_t n_kv_heads, int ctas, const GateOut* gate, cudaStream_t s) {
   const int64_t items = (a.M + a.rows - 1) / a.rows * kSegs * n_kv_heads * a.hchunks;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(items, ctas));
   launch_pdl(attention_segment_kernel<CPS, kVar>, dim3(grid), dim3(kSegThreads), SegLayout<CPS, kVar>::kBytes, s, a);
+  if (gate) {
+    launch_pdl(attention_merge_gate_kernel,
+               dim3(static_cast<unsigned>(a.n_heads * a.D / kChainChunk), static_cast<unsigned>(a.M)),
+               dim3(kChainThreads), 0, s, a, *gate);
+    return;
+  }
   const unsigned mt = static_cast<unsigned>((a.d4 + 31) / 32 * 32);
   launch_pdl(attention_segment_merge_kernel, dim3(static_cast<unsigned>(a.n_heads), static_cast<unsigned>(a.M)),
              dim3(mt), 0, s, a);
@@ -563,9 +611,13 @@ bool attention_segments_supported(int64_t head_dim) {
   return head_dim % 4 == 0 && head_dim <= kSegMaxHeadDim;
 }
 
-bool launch_attention_segments(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
-                               int64_t M, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
-                               float* scratch, cudaStream_t s) {
+namespace {
+
+// launch_attention_segments, with gate: the gated output chain in place of the merge (one launch of at
+// most kSegMaxM rows; the caller checked attention_gate_fusable).
+bool launch_segments(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out, int64_t M,
+                     int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch,
+                     const GateOut* gate, cudaStream_t s) {
   if (!attention_segments_supported(head_dim) || n_heads > 65535) return false;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (!aligned(q) || !aligned(k) || !aligned(v) || !aligned(out) || !aligned(scratch)) return false;
@@ -599,7 +651,7 @@ bool launch_attention_segments(const float* q, const float* k, const float* v, c
   a.part_acc = scratch + 2 * static_cast<size_t>(std::min<int64_t>(M, kSegMaxM)) * n_heads * kSegs;
   a.scale = scale;
   const int cps = (a.d4 + 7) / 8;  // chunks per slice, rounded up to a power of two
-  using Launch = void (*)(const SegArgs&, int64_t, int, cudaStream_t);
+  using Launch = void (*)(const SegArgs&, int64_t, int, const GateOut*, cudaStream_t);
   Launch launch = nullptr;
   int per_sm = 0;
   const auto pick = [&](auto var_c) {
@@ -626,9 +678,39 @@ bool launch_attention_segments(const float* q, const float* k, const float* v, c
     part.q = q + r0 * n_heads * head_dim;
     part.out = out + r0 * n_heads * head_dim;
     part.kv_range = kv_range + 2 * r0;
-    launch(part, n_kv_heads, ctas, s);
+    launch(part, n_kv_heads, ctas, gate, s);
   }
   return true;
+}
+
+}  // namespace
+
+bool launch_attention_segments(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
+                               int64_t M, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
+                               float* scratch, cudaStream_t s) {
+  return launch_segments(q, k, v, kv_range, out, M, n_heads, n_kv_heads, head_dim, scale, scratch, nullptr, s);
+}
+
+bool attention_gate_fusable(int64_t M, int64_t n_heads, int64_t head_dim) {
+  return M >= 1 && M <= kSegMaxM && attention_segments_supported(head_dim) && head_dim % 128 == 0 &&
+         kChainChunk % head_dim == 0 && (n_heads * head_dim) % kChainChunk == 0 && n_heads <= 65535 &&
+         env_flag("DFLASH_CUDA_ATTN_SEGMENTS", true);
+}
+
+bool launch_attention_gate_rotate(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
+                                  const float* gate, const float* signs, float* y, void* xq, int64_t M,
+                                  int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch,
+                                  bool rotate, cudaStream_t s) {
+  if (!attention_gate_fusable(M, n_heads, head_dim)) return false;
+  GateOut g{};
+  g.gate = gate;
+  g.signs = rotate ? signs : nullptr;
+  g.y = y;
+  g.rotate = rotate;
+  g.keep_out = out != y;
+  g.xq = static_cast<uint8_t*>(xq);
+  g.meta = xq_meta(g.xq, M, n_heads * head_dim);
+  return launch_segments(q, k, v, kv_range, out, M, n_heads, n_kv_heads, head_dim, scale, scratch, &g, s);
 }
 
 }  // namespace dflash::cuda

@@ -25,17 +25,17 @@
 // kernel boundary (~1.4 us) with the earlier layout (strided elements, 10 shared-memory stages).
 #include <cooperative_groups.h>
 
+#include "ops/cuda/chunk_rotation.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
-#include "ops/cuda/xq_record.cuh"
 
 namespace dflash::cuda {
 namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kChunk = 1024;   // rotation block this kernel handles
-constexpr int kThreads = 256;  // 8 warps: one 128-element quantization block each
+constexpr int kChunk = kChainChunk;
+constexpr int kThreads = kChainThreads;
 
 struct ChainArgs {
   const float* gx;     // gated norm, sigmoid gate: the input [rows, dim] (heads of head_dim)
@@ -59,30 +59,6 @@ struct ChainArgs {
   float eps;
   bool local_norm;  // norm: DFLASH_CUDA_SKIP=normcluster (a diagnostic): no cluster, the chunk's own sum
 };
-
-// 4 consecutive floats (one 16-byte load when p is aligned; p's alignment is the same in every thread
-// of a launch, so the branch is uniform).
-__device__ __forceinline__ void ld4(const float* p, float (&v)[4]) {
-  if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
-    const float4 q = *reinterpret_cast<const float4*>(p);
-    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-  } else {
-    v[0] = p[0], v[1] = p[1], v[2] = p[2], v[3] = p[3];
-  }
-}
-__device__ __forceinline__ void st4(float* p, const float (&v)[4]) {
-  if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  } else {
-    p[0] = v[0], p[1] = v[1], p[2] = v[2], p[3] = v[3];
-  }
-}
-// One butterfly of prism::fwht: (a, b) -> (a + b, a - b), a the lower index.
-__device__ __forceinline__ void butterfly(float& a, float& b) {
-  const float u = a;
-  a = __fadd_rn(u, b);
-  b = __fsub_rn(u, b);
-}
 
 // kMode 0: (residual +) RMS norm over the row; 1: SwiGLU; 2: RMS norm per head gated by silu(z)
 // (rms_norm_gated), the rotation's gather applied while loading (heads move whole, so a chunk holds
@@ -199,40 +175,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) v[k] = x[k] * sigmoid_f(z[k]);
   }
-  if (a.rotate) {
-    if (a.signs)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) v[k] = __fmul_rn(sg[k], v[k]);
-    butterfly(v[0], v[1]);  // h = 1
-    butterfly(v[2], v[3]);
-    butterfly(v[0], v[2]);  // h = 2
-    butterfly(v[1], v[3]);
-#pragma unroll
-    for (int m = 1; m < 32; m <<= 1) {  // h = 4 m: the partner is lane ^ m
-      const bool upper = lane & m;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float p = __shfl_xor_sync(0xffffffffu, v[k], m);
-        v[k] = upper ? __fsub_rn(p, v[k]) : __fadd_rn(v[k], p);
-      }
-    }
-    st4(buf + i0, v);
-    __syncthreads();
-    if (tid < kChunk / 8) {  // h = 128, 256, 512: elements tid + 128 k
-      float u[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) u[k] = buf[tid + 128 * k];
-#pragma unroll
-      for (int h = 1; h < 8; h <<= 1)
-#pragma unroll
-        for (int k = 0; k < 8; ++k)
-          if (!(k & h)) butterfly(u[k], u[k + h]);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) buf[tid + 128 * k] = u[k];
-    }
-    __syncthreads();
-    ld4(buf + i0, v);
-  }
+  if (a.rotate) chunk_rotate(v, sg, a.signs != nullptr, buf, tid, lane);
   if constexpr (kMode == 0) {
     // The norm: every chunk's sum of squares (in chunk order), 1 / rms, n = (x * inv) * w, and the rotated
     // x * w times inv (the rotation is linear); unrotated, the records quantize n itself.
@@ -264,14 +207,7 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
     st4(a.n + base + i0, nv);
   }
   // Warp w: quantization block w (elements 128 w .. 128 w + 127 of the chunk), lane L elements 4L .. 4L+3.
-  constexpr float kScale = 0.03125f;  // 1 / sqrt(1024), exact
-  const float sc = a.rotate ? kScale : 1.0f;  // x 1 is exact: without rotation the values as they are
-  float e4[4] = {__fmul_rn(v[0], sc), __fmul_rn(v[1], sc), __fmul_rn(v[2], sc), __fmul_rn(v[3], sc)};
-  if (a.y) st4(a.y + base + i0, e4);
-  if (a.xq) {  // prefill leaves them out: the next matmul is the bf16 tensor-core GEMM, which reads y itself
-    const int64_t blk = xq_record_index(r, c0 / 128 + warp, gridDim.y);
-    warp_quantize_x24(e4, lane, r, a.xq + blk * kXqRecordBytes, a.meta + blk * 4);
-  }
+  chunk_store_quantize(v, a.rotate, a.y ? a.y + base : nullptr, a.xq, a.meta, r, c0, gridDim.y, tid, lane);
   if constexpr (kMode == 0)
     if (!a.local_norm) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }

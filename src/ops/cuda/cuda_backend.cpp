@@ -94,6 +94,9 @@ class CudaBackend final : public Backend {
     // gdn_input as one launch (alpha | beta and the conv in the qkv | z projections' launch); =0: the qkv | z
     // group, then gdn_conv_and_matmuls, for comparison. The bits are the same.
     gdn_input_fused_ = cuda::env_flag("DFLASH_CUDA_GDN_INPUT_FUSED", true);
+    // attention_gate_rotate's merge and gated output chain as one kernel; =0: attention() then
+    // sigmoid_gate_rotate(), for comparison. The bits are the same.
+    gated_attention_ = cuda::env_flag("DFLASH_CUDA_ATTN_GATE_FUSED", true);
     skip_ = parse_skip();
   }
 
@@ -582,6 +585,32 @@ class CudaBackend final : public Backend {
     });
     after("attention");
   }
+  // The segment kernel, then the merge, the gate, the rotation and wo's quantization in one kernel
+  // (attention_segments.cu) where the shapes allow (the 27B's 24 heads of 256: one kernel boundary less
+  // per attention layer); else attention() and sigmoid_gate_rotate().
+  void attention_gate_rotate(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
+                             const float* gate, float* y, const Rotation& rot, int64_t M, int64_t n_heads,
+                             int64_t n_kv_heads, int64_t head_dim, float scale) override {
+    const int64_t dim = n_heads * head_dim;
+    const auto ob = reinterpret_cast<uintptr_t>(out), yb = reinterpret_cast<uintptr_t>(y);
+    const size_t bytes = sizeof(float) * M * dim;
+    const bool overlap = ob != yb && ob < yb + bytes && yb < ob + bytes;
+    if (gated_attention_ && sigmoid_chain_ && skip_ == 0 && !overlap && n_kv_heads > 0 && n_heads % n_kv_heads == 0 &&
+        use_chain(rot, M) && cuda::chain_supported(dim, rot.block, false) &&
+        cuda::attention_gate_fusable(M, n_heads, head_dim)) {
+      auto* part = static_cast<float*>(
+          scratch(kScratchAttention, sizeof(float) * cuda::attention_scratch_floats(M, n_heads, head_dim)));
+      void* xq = chain_xq(M, dim);
+      if (cuda::launch_attention_gate_rotate(q, k, v, kv_range, out, gate, rot.signs, y, xq, M, n_heads, n_kv_heads,
+                                             head_dim, scale, part, rot.block > 0, stream_)) {
+        after("attention_gate_rotate");
+        if (xq) xq_ = XqKey{y, M, dim, xq, true};
+        ++gated_attention_count_;
+        return;
+      }
+    }
+    Backend::attention_gate_rotate(q, k, v, kv_range, out, gate, y, rot, M, n_heads, n_kv_heads, head_dim, scale);
+  }
   // Prefill chunks: the tensor-core kernel (attention_prefill.cu) where it has one (head dims 64, 128,
   // 256; M >= kAttentionPrefillMinRows), else attention(). No scratch, one launch for all M rows.
   void attention_prefill(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
@@ -797,6 +826,7 @@ class CudaBackend final : public Backend {
   void* bench_scratch(size_t bytes) { return scratch(kScratchBench, bytes); }
   int64_t xq_reused() const { return xq_reused_; }
   int64_t gdn_input_fused_count() const { return gdn_input_fused_count_; }
+  int64_t gated_attention_count() const { return gated_attention_count_; }
 
  private:
   enum ScratchSlot {
@@ -998,6 +1028,7 @@ class CudaBackend final : public Backend {
   ScratchBuf scratch_[kNumScratch];
   std::vector<void*> retired_;  // outgrown scratch buffers (graphs may still read them)
   XqKey xq_;
+  int64_t gated_attention_count_ = 0;  // attention_gate_rotate calls run fused (diagnostics, tests)
   int64_t gdn_input_fused_count_ = 0;  // gdn_input calls run as one launch (diagnostics, tests)
   int64_t xq_reused_ = 0;  // ternary matmuls that found their input quantized already (diagnostics)
   bool graphs_ = true;
@@ -1005,6 +1036,7 @@ class CudaBackend final : public Backend {
   bool chain_ = true;
   bool conv_matmuls_ = true;
   bool gdn_input_fused_ = true;
+  bool gated_attention_ = true;
   bool kquant_mma_ = true;
   bool fused_prep_ = true;
   bool split_group_ = true;
@@ -1077,6 +1109,7 @@ size_t weight_device_bytes(Backend& be, const WeightRef& w) { return as_cuda(be)
 std::string weight_layout(Backend& be, const WeightRef& w) { return as_cuda(be).layout_name(w); }
 int64_t quantizations_reused(Backend& be) { return as_cuda(be).xq_reused(); }
 int64_t gdn_input_launches(Backend& be) { return as_cuda(be).gdn_input_fused_count(); }
+int64_t gated_attention_launches(Backend& be) { return as_cuda(be).gated_attention_count(); }
 
 
 double time_ms(Backend& be, int warmup, int iters, const std::function<void()>& fn) {

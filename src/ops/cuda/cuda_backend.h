@@ -53,6 +53,8 @@ constexpr int64_t kMatmulPrefillMinRows = 32;
 int64_t quantizations_reused(Backend& be);
 // gdn_input calls that ran as one launch (the conv and alpha | beta in the projections' launch; tests).
 int64_t gdn_input_launches(Backend& be);
+// attention_gate_rotate calls that ran fused (the merge and the gated output chain in one kernel; tests).
+int64_t gated_attention_launches(Backend& be);
 
 // The decode / verify attention's segment kernel variant (attention_segments.cu: 0 slice-parallel scores,
 // 1 lane scores with single K / V buffers; both give the same bits): v = 0 or 1 makes later attention

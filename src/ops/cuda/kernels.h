@@ -223,6 +223,16 @@ size_t attention_segments_scratch_floats(int64_t M, int64_t n_heads, int64_t hea
 bool launch_attention_segments(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
                                int64_t M, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,
                                float* scratch, cudaStream_t s);
+// Backend::attention_gate_rotate (attention_segments.cu): the segment kernel, then one kernel that merges
+// the segments, gates (out * sigmoid(gate)), rotates (prism 1024-chunks, signs; or not) and writes y and
+// wo's activation records xq (null: none) for M rows. Fusable: M <= 64, head dims 128 or 256, n_heads *
+// head_dim a multiple of 1024, the segment kernels enabled. Returns false (nothing launched) otherwise.
+bool attention_gate_fusable(int64_t M, int64_t n_heads, int64_t head_dim);
+bool launch_attention_gate_rotate(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
+                                  const float* gate, const float* signs, float* y, void* xq, int64_t M,
+                                  int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch,
+                                  bool rotate, cudaStream_t s);
+
 // Prefill attention (attention_prefill.cu, Backend::attention_prefill): a tensor-core flash-attention kernel
 // (tf32 mma, rounding that depends on the rows sharing a CTA: not lossless). Head dims 64, 128, 256 and
 // M >= kAttentionPrefillMinRows; returns false for anything else (the caller runs launch_attention).
