@@ -15,8 +15,9 @@
 //     so the CTA rotates x * w while the sums are exchanged and scales the rotated values after (n itself
 //     is (x * (1 / rms)) * w, as the norm op's);
 //   swiglu / sigmoid-gate modes: no cluster (elementwise); gated norm: per head, inside the CTA.
-// Then the signs, the butterflies of prism::fwht (stage h = 1 .. 512, (a, b) -> (a + b, a - b), lower
-// index first; in registers, across lanes, then across warps through shared memory) and the 1/32
+// Then (chunk_rotation.cuh, shared with the gated attention output) the signs, the butterflies of
+// prism::fwht (stage h = 1 .. 512, (a, b) -> (a + b, a - b), lower index first; in registers, across
+// lanes, then across warps through shared memory) and the 1/32
 // scale: the rotation's bits are exactly the hadamard op's (norm mode: of x * w, then times 1 / rms,
 // which rounds differently from rotating n: within the ops' bound of the CPU). Warp w then quantizes the
 // chunk's 128-block w as quantize_x24_kernel does (the same exponent, rounding and digit split): byte for
