@@ -1,6 +1,8 @@
 // Attention for decode and verify (a few rows over a KV cache): key segments in parallel, then a merge
-// kernel. launch_attention runs it for head dims that are multiples of 4 up to kSegMaxHeadDim; the
-// generic split kernel (attention.cu) takes the other shapes, and every shape with DFLASH_CUDA_ATTN_SEGMENTS=0.
+// kernel (or, for Backend::attention_gate_rotate, a kernel that merges and then gates, rotates and
+// quantizes the output for wo). launch_attention runs it for head dims that are multiples of 4 up to
+// kSegMaxHeadDim; the generic split kernel (attention.cu) takes the other shapes, and every shape with
+// DFLASH_CUDA_ATTN_SEGMENTS=0.
 //
 // Why. The cluster kernel of rounds 4-9 ran every (KV head, row group) in one cluster of 8-16 CTAs: 64 CTAs on the
 // H200 whatever the context, so an 8-row verify at 4096 keys took 125 us (one row: 29 us, a quarter of
