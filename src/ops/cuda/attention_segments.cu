@@ -623,6 +623,11 @@ size_t attention_segments_scratch_floats(int64_t M, int64_t n_heads, int64_t hea
   return static_cast<size_t>(std::min<int64_t>(M, kSegMaxM)) * n_heads * kSegs * (head_dim + 2);
 }
 
+bool attention_segments_enabled() {
+  static const bool v = env_flag("DFLASH_CUDA_ATTN_SEGMENTS", true);
+  return v;
+}
+
 bool attention_segments_supported(int64_t head_dim) {
   return head_dim % 4 == 0 && head_dim <= kSegMaxHeadDim;
 }
@@ -724,9 +729,9 @@ bool launch_attention_segments(const float* q, const float* k, const float* v, c
 }
 
 bool attention_gate_fusable(int64_t M, int64_t n_heads, int64_t head_dim) {
-  return M >= 1 && M <= kSegMaxM && attention_segments_supported(head_dim) && head_dim % 128 == 0 &&
-         kChainChunk % head_dim == 0 && (n_heads * head_dim) % kChainChunk == 0 && n_heads <= 65535 &&
-         env_flag("DFLASH_CUDA_ATTN_SEGMENTS", true);
+  return M >= 1 && M <= kSegMaxM && attention_segments_enabled() && attention_segments_supported(head_dim) &&
+         head_dim % 128 == 0 && kChainChunk % head_dim == 0 && (n_heads * head_dim) % kChainChunk == 0 &&
+         n_heads <= 65535;
 }
 
 bool launch_attention_gate_rotate(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,

@@ -35,9 +35,6 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kChunk = kChainChunk;
-constexpr int kThreads = kChainThreads;
-
 struct ChainArgs {
   const float* gx;     // gated norm, sigmoid gate: the input [rows, dim] (heads of head_dim)
   const float* z;      // gated norm, sigmoid gate: the gate [rows, dim]
@@ -73,14 +70,14 @@ struct ChainArgs {
 // The constants (norm weight, signs, the gather) are read before the wait: they depend on no kernel of
 // the step, so their latency hides behind the previous kernel.
 template <int kMode>
-__global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
-  __shared__ __align__(16) float buf[kChunk];
-  __shared__ float wsum[kThreads / 32];
+__global__ void __launch_bounds__(kChainThreads) chain_kernel(const ChainArgs a) {
+  __shared__ __align__(16) float buf[kChainChunk];
+  __shared__ float wsum[kChainThreads / 32];
   __shared__ float chunk_ss;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int chunk = blockIdx.x;
   const int64_t r = blockIdx.y;
-  const int64_t c0 = static_cast<int64_t>(chunk) * kChunk;
+  const int64_t c0 = static_cast<int64_t>(chunk) * kChainChunk;
   const int64_t base = r * a.dim + c0;
   const int i0 = 4 * tid;  // this thread's first element in the chunk
   float sg[4] = {1.0f, 1.0f, 1.0f, 1.0f}, wv[4] = {1.0f, 1.0f, 1.0f, 1.0f};
@@ -216,12 +213,12 @@ __global__ void __launch_bounds__(kThreads) chain_kernel(const ChainArgs a) {
 }  // namespace
 
 bool gated_chain_supported(int64_t dim, int64_t block, int64_t head_dim) {
-  return (block == kChunk || block == 0) && dim > 0 && dim % kChunk == 0 && head_dim >= 32 && head_dim % 32 == 0 &&
-         kChunk % head_dim == 0;
+  return (block == kChainChunk || block == 0) && dim > 0 && dim % kChainChunk == 0 && head_dim >= 32 && head_dim % 32 == 0 &&
+         kChainChunk % head_dim == 0;
 }
 
 bool chain_supported(int64_t dim, int64_t block, bool norm) {
-  return (block == kChunk || block == 0) && dim > 0 && dim % kChunk == 0 && (!norm || dim / kChunk <= 8);
+  return (block == kChainChunk || block == 0) && dim > 0 && dim % kChainChunk == 0 && (!norm || dim / kChainChunk <= 8);
 }
 
 void launch_norm_rotate_quantize(float* x, const float* res, int res_parts, const float* w, float* n,
@@ -234,8 +231,8 @@ void launch_norm_rotate_quantize(float* x, const float* res, int res_parts, cons
   a.local_norm = local_norm;
   a.xq = static_cast<uint8_t*>(xq);
   a.meta = xq_meta(a.xq, rows, dim);
-  const unsigned chunks = static_cast<unsigned>(dim / kChunk);
-  (void)launch_ex(chain_kernel<0>, dim3(chunks, static_cast<unsigned>(rows)), dim3(kThreads), 0, s,
+  const unsigned chunks = static_cast<unsigned>(dim / kChainChunk);
+  (void)launch_ex(chain_kernel<0>, dim3(chunks, static_cast<unsigned>(rows)), dim3(kChainThreads), 0, s,
                   dim3(local_norm ? 1 : chunks, 1, 1), pdl_enabled(), a);
 }
 
@@ -255,8 +252,8 @@ void launch_elementwise_chain(const float* in0, const float* in1, const float* s
   a.rotate = rotate;
   a.xq = static_cast<uint8_t*>(xq);
   a.meta = xq_meta(a.xq, rows, dim);
-  launch_pdl(chain_kernel<kMode>, dim3(static_cast<unsigned>(dim / kChunk), static_cast<unsigned>(rows)),
-             dim3(kThreads), 0, s, a);
+  launch_pdl(chain_kernel<kMode>, dim3(static_cast<unsigned>(dim / kChainChunk), static_cast<unsigned>(rows)),
+             dim3(kChainThreads), 0, s, a);
 }
 
 void launch_swiglu_rotate_quantize(const float* gate, const float* up, const float* signs, float* y, void* xq,
@@ -279,7 +276,7 @@ void launch_gated_norm_rotate_quantize(const float* x, const float* w, const flo
   a.rotate = rotate;
   a.xq = static_cast<uint8_t*>(xq);
   a.meta = xq_meta(a.xq, rows, dim);
-  launch_pdl(chain_kernel<2>, dim3(static_cast<unsigned>(dim / kChunk), static_cast<unsigned>(rows)), dim3(kThreads),
+  launch_pdl(chain_kernel<2>, dim3(static_cast<unsigned>(dim / kChainChunk), static_cast<unsigned>(rows)), dim3(kChainThreads),
              0, s, a);
 }
 

@@ -49,6 +49,13 @@ class CudaStepGraph final : public StepGraph {
   bool* cache_valid_;
 };
 
+// Whether the float ranges [a, a + n) and [b, b + n) share an element.
+bool ranges_overlap(const float* a, const float* b, size_t n) {
+  const auto ab = reinterpret_cast<uintptr_t>(a), bb = reinterpret_cast<uintptr_t>(b);
+  const size_t bytes = sizeof(float) * n;
+  return ab < bb + bytes && bb < ab + bytes;
+}
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
@@ -357,9 +364,7 @@ class CudaBackend final : public Backend {
   void sigmoid_gate_rotate(const float* x, const float* gate, float* y, const Rotation& rot, int64_t rows,
                            int64_t dim) override {
     if (skipped_chain()) return;
-    const auto xb = reinterpret_cast<uintptr_t>(x), yb = reinterpret_cast<uintptr_t>(y);
-    const size_t bytes = sizeof(float) * rows * dim;
-    const bool overlap = xb != yb && xb < yb + bytes && yb < xb + bytes;  // in place is fine (elementwise load first)
+    const bool overlap = x != y && ranges_overlap(x, y, rows * dim);  // in place is fine (elementwise load first)
     if (sigmoid_chain_ && use_chain(rot, rows) && !overlap && cuda::chain_supported(dim, rot.block, false)) {
       run_chain(y, rows, dim, "sigmoid_gate_rotate", [&](void* xq) {
         cuda::launch_sigmoid_gate_rotate_quantize(x, gate, rot.signs, y, xq, rows, dim, rot.block > 0, stream_);
@@ -371,9 +376,7 @@ class CudaBackend final : public Backend {
   void gated_norm_rotate(const float* x, const float* w, const float* z, float* y, const Rotation& rot, int64_t rows,
                          int64_t dim, int64_t head_dim, float eps) override {
     if (skipped_chain()) return;
-    const auto xb = reinterpret_cast<uintptr_t>(x), yb = reinterpret_cast<uintptr_t>(y);
-    const size_t bytes = sizeof(float) * rows * dim;
-    const bool overlap = xb < yb + bytes && yb < xb + bytes;
+    const bool overlap = ranges_overlap(x, y, rows * dim);
     const bool perm_ok = !rot.perm || (rot.perm_group == head_dim && !overlap);  // the gather crosses chunks
     if (chain_ && gated_chain_ && perm_ok && rows <= 65535 && (rot.block > 0 || chain_plain_) &&
         cuda::gated_chain_supported(dim, rot.block, head_dim)) {
@@ -530,9 +533,7 @@ class CudaBackend final : public Backend {
                  block);
     if (rows <= 0) return;
     const float* src = x;
-    const auto xb = reinterpret_cast<uintptr_t>(x), yb = reinterpret_cast<uintptr_t>(y);
-    const size_t bytes = sizeof(float) * rows * n;
-    if (perm && xb < yb + bytes && yb < xb + bytes) {  // the gather reads the whole row: work from a copy
+    if (perm && ranges_overlap(x, y, rows * n)) {  // the gather reads the whole row: work from a copy
       float* tmp = static_cast<float*>(scratch(kScratchHadamard, sizeof(float) * rows * n));
       DFLASH_CUDA_CALL(cudaMemcpyAsync(tmp, x, sizeof(float) * rows * n, cudaMemcpyDeviceToDevice, stream_));
       src = tmp;
@@ -592,9 +593,7 @@ class CudaBackend final : public Backend {
                              const float* gate, float* y, const Rotation& rot, int64_t M, int64_t n_heads,
                              int64_t n_kv_heads, int64_t head_dim, float scale) override {
     const int64_t dim = n_heads * head_dim;
-    const auto ob = reinterpret_cast<uintptr_t>(out), yb = reinterpret_cast<uintptr_t>(y);
-    const size_t bytes = sizeof(float) * M * dim;
-    const bool overlap = ob != yb && ob < yb + bytes && yb < ob + bytes;
+    const bool overlap = out != y && ranges_overlap(out, y, M * dim);  // y == out is fine
     if (gated_attention_ && sigmoid_chain_ && skip_ == 0 && !overlap && n_kv_heads > 0 && n_heads % n_kv_heads == 0 &&
         use_chain(rot, M) && cuda::chain_supported(dim, rot.block, false) &&
         cuda::attention_gate_fusable(M, n_heads, head_dim)) {

@@ -219,6 +219,7 @@ constexpr int64_t kAttentionMaxHeadDim = 512;
 // False when the shape or the pointers' alignment does not suit them (nothing launched).
 constexpr int64_t kSegMaxHeadDim = 256;
 bool attention_segments_supported(int64_t head_dim);
+bool attention_segments_enabled();  // false with DFLASH_CUDA_ATTN_SEGMENTS=0 (every shape: the generic kernel)
 size_t attention_segments_scratch_floats(int64_t M, int64_t n_heads, int64_t head_dim);
 bool launch_attention_segments(const float* q, const float* k, const float* v, const int32_t* kv_range, float* out,
                                int64_t M, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale,

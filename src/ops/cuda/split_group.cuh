@@ -73,6 +73,7 @@ template <>
 __device__ __forceinline__ void load_w8<kBF16>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
   load_w8_halves<kBF16>(row, e0, w);
 }
+// Q8_0: half d | i8 q[32]
 template <>
 __device__ __forceinline__ void load_w8<kQ8_0>(const uint8_t* __restrict__ row, int64_t e0, float* w) {
   const uint8_t* b = row + (e0 >> 5) * 34;
