@@ -961,33 +961,37 @@ TEST(CudaOps, DflashConv) {
 
 // Without a residual the conv quantizes its output for the next integer matmul (the drafter's q | k | v and
 // gate | up): a Q4_K matmul of y must reuse those records and give the bits of a matmul of a fresh copy
-// of y; prefill-sized blocks leave no records. y itself against the CPU.
+// of y; prefill-sized blocks leave no records. y itself against the CPU. K = 2 (the drafter's) takes the
+// kernel with the taps as a compile-time count, K = 3 the run-time loop.
 TEST(CudaOps, DflashConvQuantizationFeedsTheMatmul) {
   REQUIRE_GPU();
   std::mt19937 rng(52);
-  const int64_t C = 5120, K = 2, group = 16, G = C / group, d_stride = 2 * K * G, N = 256;
+  const int64_t C = 5120, group = 16, G = C / group, N = 256;
   const HostWeight hw = make_weight(GgmlType::Q4_K, C, N, 1700);
   const WeightRef wg = gpu().upload_weight(hw.bytes.data(), hw.type, C, N);
-  for (int64_t M : {1, 7, 8, 40}) {
-    const bool expect_records = M < cuda::kMatmulPrefillMinRows;
-    const auto x = randn_vec(rng, M * C), base = randn_vec(rng, K * C, 0.5f), d = randn_vec(rng, M * d_stride, 0.2f);
-    Buf<float> xg(gpu(), x), bg(gpu(), base), dg(gpu(), d), yg(gpu(), M * C);
-    Buf<float> xc(cpu(), x), bc(cpu(), base), dc(cpu(), d), yc(cpu(), M * C);
-    Buf<float> out_conv(gpu(), M * N), out_fresh(gpu(), M * N);  // before the conv: uploads drop the cache
-    gpu().dflash_conv(xg, bg, dg, d_stride, nullptr, yg, M, C, K, group);
-    cpu().dflash_conv(xc, bc, dc, d_stride, nullptr, yc, M, C, K, group);
-    const std::string shp = shape_str({M, C, K, group});
-    check("dflash_conv (quantizing)", shp, yg.get(), yc.get(), 1e-11, yg.guard_ok());
-    const int64_t reused0 = cuda::quantizations_reused(gpu());
-    gpu().matmul(wg, yg, out_conv, M);  // reads the conv's quantization of y
-    const bool used_conv = cuda::quantizations_reused(gpu()) == reused0 + 1;
-    Buf<float> y2(gpu(), yg.get());
-    gpu().matmul(wg, y2, out_fresh, M);  // quantizes y2 itself
-    check("dflash_conv -> Q4_K matmul == fresh matmul", shp, out_conv.get(), out_fresh.get(), 0, out_conv.guard_ok());
-    const bool as_expected = used_conv == expect_records;
-    record({expect_records ? "dflash_conv quantization reused by the matmul" : "prefill-sized conv leaves no records",
-            shp, 0, 0, 0, as_expected, used_conv ? "reused" : "quantized again"});
-    EXPECT_TRUE(as_expected) << shp;
+  for (int64_t K : {2, 3}) {
+    for (int64_t M : {1, 7, 8, 40}) {
+      const int64_t d_stride = 2 * K * G;
+      const bool expect_records = M < cuda::kMatmulPrefillMinRows;
+      const auto x = randn_vec(rng, M * C), base = randn_vec(rng, K * C, 0.5f), d = randn_vec(rng, M * d_stride, 0.2f);
+      Buf<float> xg(gpu(), x), bg(gpu(), base), dg(gpu(), d), yg(gpu(), M * C);
+      Buf<float> xc(cpu(), x), bc(cpu(), base), dc(cpu(), d), yc(cpu(), M * C);
+      Buf<float> out_conv(gpu(), M * N), out_fresh(gpu(), M * N);  // before the conv: uploads drop the cache
+      gpu().dflash_conv(xg, bg, dg, d_stride, nullptr, yg, M, C, K, group);
+      cpu().dflash_conv(xc, bc, dc, d_stride, nullptr, yc, M, C, K, group);
+      const std::string shp = shape_str({M, C, K, group});
+      check("dflash_conv (quantizing)", shp, yg.get(), yc.get(), 1e-11, yg.guard_ok());
+      const int64_t reused0 = cuda::quantizations_reused(gpu());
+      gpu().matmul(wg, yg, out_conv, M);  // reads the conv's quantization of y
+      const bool used_conv = cuda::quantizations_reused(gpu()) == reused0 + 1;
+      Buf<float> y2(gpu(), yg.get());
+      gpu().matmul(wg, y2, out_fresh, M);  // quantizes y2 itself
+      check("dflash_conv -> Q4_K matmul == fresh matmul", shp, out_conv.get(), out_fresh.get(), 0, out_conv.guard_ok());
+      const bool as_expected = used_conv == expect_records;
+      record({expect_records ? "dflash_conv quantization reused by the matmul" : "prefill-sized conv leaves no records",
+              shp, 0, 0, 0, as_expected, used_conv ? "reused" : "quantized again"});
+      EXPECT_TRUE(as_expected) << shp;
+    }
   }
 }
 

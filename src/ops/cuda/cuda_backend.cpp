@@ -778,6 +778,7 @@ class CudaBackend final : public Backend {
                        const float* res, float* y, int64_t M, int64_t C, int64_t K, int64_t group) {
     DFLASH_CHECK(K >= 1 && group >= 1 && C % group == 0, "cuda dflash_conv: C {} not a multiple of group {} (K {})",
                  C, group, K);
+    DFLASH_CHECK(C < (int64_t{1} << 31), "cuda dflash_conv: {} channels (the kernels' channel index is 32-bit)", C);
     DFLASH_CHECK(x != y, "cuda dflash_conv: x must not alias y");
     DFLASH_CHECK(d_stride >= K * (C / group), "cuda dflash_conv: coefficient row stride {} < K*G = {}", d_stride,
                  K * (C / group));
