@@ -269,25 +269,25 @@ inline unsigned elem_blocks(int64_t n) {
 // norm_kernel's in-register path for one row of n <= kNormRegs * blockDim.x elements, in two steps (a
 // caller may put work between them while the loads are in flight): the thread's elements t, t + T, ...
 // (zero past n), then the row's sum of their squares (each thread's by fma in order, then block_sum's tree).
-__device__ __forceinline__ void load_row_regs(const float* xr, int n, float (&v)[kNormRegs]) {
+__device__ __forceinline__ void load_row_regs(const float* xr, int64_t n, float (&v)[kNormRegs]) {
   const int T = blockDim.x;
 #pragma unroll
   for (int j = 0; j < kNormRegs; ++j) {
-    const int i = threadIdx.x + j * T;
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
     v[j] = i < n ? xr[i] : 0.0f;
   }
 }
-__device__ __forceinline__ float row_sum_squares(const float (&v)[kNormRegs], int n, float* sh) {
+__device__ __forceinline__ float row_sum_squares(const float (&v)[kNormRegs], int64_t n, float* sh) {
   const int T = blockDim.x;
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kNormRegs; ++j)
-    if (static_cast<int>(threadIdx.x) + j * T < n) ss = fmaf(v[j], v[j], ss);
+    if (threadIdx.x + static_cast<int64_t>(j) * T < n) ss = fmaf(v[j], v[j], ss);
   return block_sum(ss, sh);
 }
 
 // The l2 norm of one row (sum of squares) times scale, as norm_kernel<1> (gdn_split_qkv).
-__device__ __forceinline__ void l2_norm_row_regs(const float* xr, float scale, float* yr, int n, float eps,
+__device__ __forceinline__ void l2_norm_row_regs(const float* xr, float scale, float* yr, int64_t n, float eps,
                                                  float* sh) {
   const int T = blockDim.x;
   float v[kNormRegs];
@@ -295,7 +295,7 @@ __device__ __forceinline__ void l2_norm_row_regs(const float* xr, float scale, f
   const float inv = 1.0f / sqrtf(row_sum_squares(v, n, sh) + eps);
 #pragma unroll
   for (int j = 0; j < kNormRegs; ++j) {
-    const int i = threadIdx.x + j * T;
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
     if (i < n) yr[i] = v[j] * inv * scale;
   }
 }
@@ -306,27 +306,22 @@ __device__ __forceinline__ void l2_norm_row_regs(const float* xr, float scale, f
 // Elements past the pairs keep the norm's value. The same bits as the norm op, then the rope op (test_cuda
 // CudaAttentionPrep): only where the values wait differs (no global round trip between the norm and the
 // rope, nor before the cache copy).
-// rope[d] holds the pair's inv_freq on entry and (cos, sin) on return; each thread reads and writes only its
-// own pairs, so no barrier orders them. The loops over the pairs stay rolled: rope_inv_freq (a double pow)
-// and rope_cos_sin (a double sincos) are large, and unrolled over kNormRegs / 2 pairs they made the kernel
-// 55.7 KB of code, fetched afresh at every launch (round 22: instruction fetch is a cost of small kernels).
 __device__ __forceinline__ void norm_rope_head(const float* xr, const float (&wv)[kNormRegs], bool has_w,
-                                               float* yr, float* cache, int n, int half, int32_t pos,
-                                               float2* rope, float eps, float* sh, float* row) {
+                                               float* yr, float* cache, int64_t n, int64_t half, int32_t pos,
+                                               const float (&inv_freq)[kNormRegs / 2], float eps, float* sh,
+                                               float* row) {
   const int T = blockDim.x;
   float v[kNormRegs];
   load_row_regs(xr, n, v);
-#pragma unroll 1
-  for (int d = threadIdx.x; d < half; d += T) {
-    float c, s;
-    rope_cos_sin(rope[d].x, pos, c, s);
-    rope[d] = make_float2(c, s);
-  }
+  float c[kNormRegs / 2], s[kNormRegs / 2];  // the thread's pairs (half <= n / 2 <= kNormRegs * T / 2)
+#pragma unroll
+  for (int k = 0; k < kNormRegs / 2; ++k)
+    if (threadIdx.x + static_cast<int64_t>(k) * T < half) rope_cos_sin(inv_freq[k], pos, c[k], s[k]);
   const float ss = row_sum_squares(v, n, sh);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
 #pragma unroll
   for (int j = 0; j < kNormRegs; ++j) {
-    const int i = threadIdx.x + j * T;
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
     if (i < n) {
       const float q = v[j] * inv;
       v[j] = has_w ? q * wv[j] : q;
@@ -338,16 +333,18 @@ __device__ __forceinline__ void norm_rope_head(const float* xr, const float (&wv
     }
   }
   __syncthreads();  // the pairs span other threads' elements
-#pragma unroll 1
-  for (int d = threadIdx.x; d < half; d += T) {
-    const float2 cs = rope[d];
-    float a = row[d], b = row[d + half];
-    rope_rotate(a, b, cs.x, cs.y);
-    yr[d] = a;
-    yr[d + half] = b;
-    if (cache) {
-      cache[d] = a;
-      cache[d + half] = b;
+#pragma unroll
+  for (int k = 0; k < kNormRegs / 2; ++k) {
+    const int64_t d = threadIdx.x + static_cast<int64_t>(k) * T;
+    if (d < half) {
+      float a = row[d], b = row[d + half];
+      rope_rotate(a, b, c[k], s[k]);
+      yr[d] = a;
+      yr[d + half] = b;
+      if (cache) {
+        cache[d] = a;
+        cache[d + half] = b;
+      }
     }
   }
 }
@@ -355,46 +352,39 @@ __device__ __forceinline__ void norm_rope_head(const float* xr, const float (&wv
 __global__ void attention_prep_kernel(const AttentionPrepArgs a) {
   __shared__ float sh[32];
   __shared__ float row[kAttentionPrepMaxHeadDim];
-  __shared__ float2 rope[kAttentionPrepMaxHeadDim / 2];  // the thread's pairs: inv_freq, then (cos, sin)
-  const int hd = static_cast<int>(a.head_dim), half = static_cast<int>(a.n_rot / 2);  // <= 1024 (host check)
-  const int64_t kvw = a.n_head_kv * hd;
+  const int64_t hd = a.head_dim, half = a.n_rot / 2, kvw = a.n_head_kv * hd;
   const int64_t u = blockIdx.y;
   const int T = blockDim.x;
   // Before the wait, what depends on no kernel of the step: the head's norm weights and the rope's
   // frequencies (a double pow per pair).
   const float* nw = u < a.n_head ? a.q_norm : u < a.n_head + a.n_head_kv ? a.k_norm : nullptr;
-  float wv[kNormRegs];
+  float wv[kNormRegs], inv_freq[kNormRegs / 2];
 #pragma unroll
   for (int j = 0; j < kNormRegs; ++j) {
-    const int i = threadIdx.x + j * T;
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * T;
     wv[j] = nw && i < hd ? nw[i] : 1.0f;
   }
-  if (u < a.n_head + a.n_head_kv)  // a q or k head: its pairs' frequencies
-#pragma unroll 1
-    for (int d = threadIdx.x; d < half; d += T) rope[d].x = rope_inv_freq(d, a.n_rot, static_cast<double>(a.theta));
+#pragma unroll
+  for (int k = 0; k < kNormRegs / 2; ++k) {
+    const int64_t d = threadIdx.x + static_cast<int64_t>(k) * T;
+    const bool roped = u < a.n_head + a.n_head_kv && d < half;  // a q or k head's pair
+    inv_freq[k] = roped ? rope_inv_freq(d, a.n_rot, static_cast<double>(a.theta)) : 0.0f;
+  }
   pdl_wait();
   const int64_t m = blockIdx.x;
   const int32_t slot = a.slot[m];
   const bool store = slot >= 0 && slot < a.cache_rows;  // as scatter_rows: a row outside the cache is skipped
-  if (u < a.n_head + a.n_head_kv) {
-    // One call site for the q and k heads: norm_rope_head is inlined once (code size, see above).
-    const float* src;
-    float *dst, *cache = nullptr;
-    bool has_w;
-    if (u < a.n_head) {
-      const int64_t qh = m * a.n_head + u;
-      src = a.gate ? a.qg + qh * 2 * hd : a.qg + qh * hd;
-      dst = a.q + qh * hd;
-      has_w = a.q_norm != nullptr;
-      if (a.gate)
-        for (int i = threadIdx.x; i < hd; i += T) a.gate[qh * hd + i] = src[hd + i];
-    } else {
-      dst = a.k + m * kvw + (u - a.n_head) * hd;  // in place
-      src = dst;
-      if (store) cache = a.k_cache + slot * kvw + (u - a.n_head) * hd;
-      has_w = a.k_norm != nullptr;
-    }
-    norm_rope_head(src, wv, has_w, dst, cache, hd, half, a.pos[m], rope, a.eps, sh, row);
+  if (u < a.n_head) {
+    const int64_t qh = m * a.n_head + u;
+    const float* src = a.gate ? a.qg + qh * 2 * hd : a.qg + qh * hd;
+    float* dst = a.q + qh * hd;
+    if (a.gate)
+      for (int64_t i = threadIdx.x; i < hd; i += T) a.gate[qh * hd + i] = src[hd + i];
+    norm_rope_head(src, wv, a.q_norm != nullptr, dst, nullptr, hd, half, a.pos[m], inv_freq, a.eps, sh, row);
+  } else if (u < a.n_head + a.n_head_kv) {
+    float* kr = a.k + m * kvw + (u - a.n_head) * hd;
+    float* kc = store ? a.k_cache + slot * kvw + (u - a.n_head) * hd : nullptr;
+    norm_rope_head(kr, wv, a.k_norm != nullptr, kr, kc, hd, half, a.pos[m], inv_freq, a.eps, sh, row);
   } else if (store) {
     const float* vr = a.v + m * kvw;
     float* vc = a.v_cache + slot * kvw;
@@ -533,7 +523,9 @@ void launch_dflash_conv_quantize(const float* x, const float* base, const float*
                                  void* xq, int64_t M, int64_t C, int64_t K, int64_t group, cudaStream_t s) {
   if (M <= 0 || C <= 0) return;
   auto* q = static_cast<uint8_t*>(xq);
-  // K = 2 (the DFlash 2 drafter) as a compile-time tap count: 39.7 -> 6.9 KB of code, fetched at every launch.
+  // K = 2 (the DFlash 2 drafter) as a compile-time tap count: the taps' loads go out together and the code
+  // is 6.9 KB instead of 39.7 (the run-time loop's unrolled copies); 2.77 -> 2.24-2.31 us exposed per launch
+  // in the 27B draft step (S23-1).
   const auto kernel = K == 2 ? dflash_conv_quantize_kernel<2> : dflash_conv_quantize_kernel<0>;
   launch_pdl(kernel, dim3(ceil_div_u(C, 1024), static_cast<unsigned>(M)), 256, 0, s, x, base, d, d_stride, y, M, C, K,
              group, C / group, q, xq_meta(q, M, C));
