@@ -209,7 +209,8 @@ void launch_attention(const float* q, const float* k, const float* v, const int3
                       int64_t M, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, float scale, float* scratch,
                       cudaStream_t s) {
   if (M <= 0 || n_heads <= 0) return;
-  if (attention_segments_enabled() && launch_attention_segments(q, k, v, kv_range, out, M, n_heads, n_kv_heads, head_dim, scale, scratch, s))
+  if (attention_segments_enabled() &&
+      launch_attention_segments(q, k, v, kv_range, out, M, n_heads, n_kv_heads, head_dim, scale, scratch, s))
     return;
   launch_attention_splits(q, k, v, kv_range, out, M, n_heads, n_kv_heads, head_dim, scale, scratch, s);
 }

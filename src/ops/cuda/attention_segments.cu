@@ -528,7 +528,8 @@ __global__ void attention_segment_merge_kernel(const SegArgs a) {
   pdl_wait();
   const int c = threadIdx.x;
   const float4 o = merge_chunk(a, blockIdx.x, blockIdx.y, c, threadIdx.x & 31, c < a.d4);
-  if (c < a.d4) reinterpret_cast<float4*>(a.out + (static_cast<int64_t>(blockIdx.y) * a.n_heads + blockIdx.x) * a.D)[c] = o;
+  const int64_t head = static_cast<int64_t>(blockIdx.y) * a.n_heads + blockIdx.x;  // (row, head)
+  if (c < a.d4) reinterpret_cast<float4*>(a.out + head * a.D)[c] = o;
 }
 
 // The gated attention output after the merge (Backend::attention_gate_rotate): y = out * sigmoid(gate),
