@@ -921,6 +921,14 @@ TEST(CudaOps, ArgmaxTopK) {
     q[6 * n + 12346] = 0.0f;
     for (int64_t k : {1, 16, 32, 64}) top_k_case("levels/nan/-0", q, M, n, k);
   }
+  {  // ties that the threshold path sorts (keys >= the k-th lane maximum, <= 64 of them): 20 equal maxima in
+     // one chunk (the first round), and 20 in 20 chunks (the second round, one per chunk); equal keys go by
+     // lower index
+    auto t = randn_vec(rng, 2 * n, 0.1f);
+    for (int i = 0; i < 20; ++i) t[4096 + 37 * i] = 5.0f;
+    for (int i = 0; i < 20; ++i) t[n + 3 + 12007 * i] = 5.0f;
+    for (int64_t k : {1, 16, 20, 32}) top_k_case("ties at the top", t, 2, n, k);
+  }
   {  // short rows: one full chunk and a partial one, a chunk of one value, k == n
     auto y = randn_vec(rng, 3 * 3000);
     y[1 * 3000 + 2999] = 50.0f;

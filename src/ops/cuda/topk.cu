@@ -10,15 +10,26 @@
 // then lower index), so the result is exact: the CPU's ids and values. NaN is sorted as -inf.
 //
 // top_k for k <= kSmallK (the drafter's k = 16 over 7 x 248320): warp selection instead of sorting.
-// A warp holds a chunk of kWarpChunk = 2048 keys of a row in registers (64 per lane, lane l holding
-// positions l, l + 32, ..) as 32-bit order-preserving keys (NaN as -inf, -0 as +0, 0 = empty/taken),
+// A warp holds a chunk of kWarpChunk = 2048 keys of a row in registers (64 per lane; lane l holding
+// positions l, l + 32, .. in the first round, 64 l .. 64 l + 63 in later ones: slot_rel) as 32-bit
+// order-preserving keys (NaN as -inf, -0 as +0, 0 = empty/taken),
 // and extracts its k best by k rounds of: warp max of the lanes' best keys, then the lowest position
 // among the lanes holding that key (two redux ops), the winner lane emits it, marks it taken and
-// rescans its 64 keys. The candidates [rows][chunks][k] keep the chunk's order, so among equal keys a lower
+// rescans its 64 keys (the fallback below). The candidates [rows][chunks][k] keep the chunk's order, so among equal keys a lower
 // candidate position means a lower row index, and the next round selects over them the same way
 // (position tie-break, index looked up) until one chunk per row remains; that round writes ids and
 // the row's values (NaN as -inf, -0 kept, like the sort path). A chunk with fewer than k real keys
 // emits empty (key 0) candidates, which never reach the output since every row has n >= k real keys.
+//
+// The round-by-round selection is a serial chain: each round waits for the winner lane's rescan of its 64
+// keys while the other 31 lanes idle (k = 16: ~1 us per round, so ~15 us per launch for the drafter's 7
+// rows on the H200, S24-3). A warp first tries a threshold instead: the k-th largest of the 32 lanes'
+// maxima, T, is a lower bound of the chunk's k-th key (k distinct keys are >= T, so a key below T has k
+// better ones), and few keys reach it (~20 of 2048 for logits at k = 16). The lanes mark their keys >= T
+// at once, the warp gathers them (positions through shared memory, keys read again) and sorts them by a
+// bitonic network on (key, ~position): the first k are the chunk's top k in the same total order. When
+// fewer than k lanes hold a real key (T = 0) or more than 64 keys reach T (ties at the top), the warp
+// runs the round-by-round selection instead. Either way the same candidates come out.
 #include <cfloat>
 #include <climits>
 
@@ -174,6 +185,54 @@ __device__ __forceinline__ void lane_best(const uint32_t (&v)[kLanePer], uint64_
   bj = tj[0];
 }
 
+constexpr int kFastCap = 64;  // keys >= T the threshold path sorts (2 per lane); more: the rounds
+
+// A key and its position as one value ordered like the selection: larger key first, then lower position.
+// Real keys are >= 0x007fffff, so 0 is an empty slot that sorts last.
+__device__ __forceinline__ uint64_t select_composite(uint32_t key, uint32_t pos) {
+  return (static_cast<uint64_t>(key) << 32) | static_cast<uint32_t>(~pos);
+}
+
+// Bitonic sort into descending order of the warp's kN (32 or 64) values: element e = 32 h + lane is c[h]
+// of that lane. Partners at distance < 32 are other lanes (shuffles), at 32 the lane's other element.
+template <int kN>
+__device__ __forceinline__ void warp_sort_desc(uint64_t (&c)[kN / 32], int lane) {
+  static_assert(kN == 32 || kN == 64, "one or two values per lane");
+#pragma unroll
+  for (int size = 2; size <= kN; size <<= 1) {
+#pragma unroll
+    for (int d = size >> 1; d > 0; d >>= 1) {
+      if (d == 32) {  // (kN = 64, size = 64: the last merge, descending): the lane's pair in order
+        if (c[0] < c[1]) {
+          const uint64_t t = c[0];
+          c[0] = c[1];
+          c[1] = t;
+        }
+        continue;
+      }
+#pragma unroll
+      for (int h = 0; h < kN / 32; ++h) {
+        const uint64_t other = __shfl_xor_sync(0xffffffffu, c[h], d);
+        const int e = 32 * h + lane;
+        const bool lower = (e & d) == 0, desc = (e & size) == 0;
+        const bool keep_max = lower == desc;
+        c[h] = keep_max ? (other > c[h] ? other : c[h]) : (other < c[h] ? other : c[h]);
+      }
+    }
+  }
+}
+
+// Chunk-relative position of slot j of a lane. The first round reads the row striped (lane + 32 j: coalesced;
+// the logits' order is the vocabulary's, so the lanes' maxima spread). The later rounds read candidates
+// [chunks][k], each chunk's best first: striped, lanes l and l + 16 would hold every chunk's best (k = 16)
+// and the threshold would be a rank-8 key that ~100 keys reach. Blocked (64 consecutive per lane) a lane
+// holds whole chunks, and its maximum is the best of 4 chunks'. Ties go by position either way.
+template <bool kFromX>
+__device__ __forceinline__ uint32_t slot_rel(int lane, int j) {
+  return kFromX ? static_cast<uint32_t>(j) * 32u + static_cast<uint32_t>(lane)
+                : static_cast<uint32_t>(lane) * kLanePer + static_cast<uint32_t>(j);
+}
+
 // One warp selects the k best of chunk (blockIdx.x * kSelWarps + warp) of row blockIdx.y. Sources:
 // kFromX: the row x[m * n + ..] itself (count = row_stride = n); else candidates src_k / src_i
 // [rows][row_stride] with count valid per row. Outputs: ids non-null (the last round, one chunk per row):
@@ -193,7 +252,7 @@ topk_select_kernel(const float* __restrict__ x, int64_t n, const uint32_t* __res
   uint32_t v[kLanePer];
 #pragma unroll
   for (int j = 0; j < kLanePer; ++j) {
-    const int64_t g = c0 + j * 32 + lane;
+    const int64_t g = c0 + slot_rel<kFromX>(lane, j);
     uint32_t key = 0;
     if (g < count) key = kFromX ? select_key(x[m * n + g]) : src_k[m * row_stride + g];
     v[j] = key;
@@ -203,10 +262,72 @@ topk_select_kernel(const float* __restrict__ x, int64_t n, const uint32_t* __res
   int bj;
   lane_best(v, taken, bk, bj);
   // Positions stay below 2^32 - 1: count <= INT32_MAX (the backend checks n), plus one chunk of padding.
-  const uint32_t base = static_cast<uint32_t>(c0) + static_cast<uint32_t>(lane);
+  const uint32_t base = static_cast<uint32_t>(c0);
+
+  // The threshold path (the file's header): T = the k-th largest lane maximum.
+  __shared__ uint32_t cand_rel[kSelWarps][kFastCap];  // chunk-relative positions of the keys >= T
+  uint64_t lane_max[1] = {static_cast<uint64_t>(bk)};
+  warp_sort_desc<32>(lane_max, lane);
+  const uint32_t T = static_cast<uint32_t>(__shfl_sync(0xffffffffu, lane_max[0], k - 1));
+  if (T != 0) {
+    uint64_t mask = 0;  // bit j: slot j holds a key >= T
+#pragma unroll
+    for (int j = 0; j < kLanePer; ++j) mask |= static_cast<uint64_t>(v[j] >= T) << j;
+    const int mine = __popcll(mask);
+    int incl = mine;  // inclusive prefix sum of the lanes' counts
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int up = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += up;
+    }
+    const int total = __shfl_sync(0xffffffffu, incl, 31);
+    if (total <= kFastCap) {  // warp-uniform
+      uint32_t* rel = cand_rel[threadIdx.x >> 5];
+      for (int off = incl - mine; mask != 0; ++off) {
+        const int j = __ffsll(static_cast<long long>(mask)) - 1;
+        mask &= mask - 1;
+        rel[off] = slot_rel<kFromX>(lane, j);
+      }
+      __syncwarp();
+      uint64_t c[2] = {0, 0};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int e = 32 * h + lane;
+        if (e < total) {  // read the key again (the registers cannot be indexed by a run-time slot)
+          const uint32_t p = static_cast<uint32_t>(c0) + rel[e];
+          const uint32_t key = kFromX ? select_key(x[m * n + p]) : src_k[m * row_stride + p];
+          c[h] = select_composite(key, p);
+        }
+      }
+      if (total <= 32) {
+        uint64_t c1[1] = {c[0]};
+        warp_sort_desc<32>(c1, lane);
+        c[0] = c1[0];
+      } else {
+        warp_sort_desc<64>(c, lane);
+      }
+      if (lane < k) {  // lane r emits the r-th best (total >= k: k lanes' maxima are >= T)
+        const uint32_t wk = static_cast<uint32_t>(c[0] >> 32);
+        const uint32_t wp = ~static_cast<uint32_t>(c[0]);
+        int32_t idx = -1;
+        if (wp < count) idx = kFromX ? static_cast<int32_t>(wp) : src_i[m * row_stride + wp];
+        if (ids) {
+          ids[m * k + lane] = idx;
+          const float f = idx >= 0 ? x[m * n + idx] : -INFINITY;
+          vals[m * k + lane] = f != f ? -INFINITY : f;
+        } else {
+          const int64_t o = (m * n_chunks + chunk) * k + lane;
+          dst_k[o] = wk;
+          dst_i[o] = idx;
+        }
+      }
+      return;
+    }
+  }
+  // The rounds (the fallback): ties at the top, or fewer than k lanes with a real key.
   for (int r = 0; r < k; ++r) {
     const uint32_t wk = __reduce_max_sync(0xffffffffu, bk);
-    const uint32_t cand = bk == wk ? base + static_cast<uint32_t>(bj) * 32u : 0xffffffffu;
+    const uint32_t cand = bk == wk ? base + slot_rel<kFromX>(lane, bj) : 0xffffffffu;
     const uint32_t wp = __reduce_min_sync(0xffffffffu, cand);
     if (cand == wp) {  // exactly one lane: positions are distinct
       int32_t idx = -1;
