@@ -9,7 +9,8 @@
 //     e = sum_r (pred_j[r] * g[p][r]) * succ[p][k][r]  serially from 0.0f, S = unary[p][k] + e
 //     (no fma: the CPU's selector_walk rounds after every product and sum), into scores[p][j][k];
 //   selector_walk_kernel: one thread walks the rows: j = 0 (the anchor) for row 0, then the first k of
-//     the largest S[p][j][k] (`k == 0 || S > best`, as the CPU), out[p] = cand[p][k], j = k.
+//     the largest S[p][j][k] (`k == 0 || S > best`, as the CPU), out[p] = cand[p][k], j = k; from a copy
+//     of the scores in shared memory when they fit 48 KB in 16-byte pieces (the 27B drafter's 7 KB).
 // 27B drafter (7 rows x 16 x 16 pairs x rank 256): 1552 threads of 256 serial steps in parallel, where the
 // one-CTA walk before ran 7 rows x 256 steps one after the other (43 us under ncu). Measured under ncu
 // (H200, S6-2) with the rows read from global memory: 34 + 10.6 us, no better; the staged form's time
@@ -66,13 +67,31 @@ __global__ void __launch_bounds__(kPairThreads)
   scores[(static_cast<int64_t>(p) * top_k + j) * top_k + k] = __fadd_rn(unary[static_cast<int64_t>(p) * top_k + k], e);
 }
 
+// kStaged (scores 16-byte aligned, a multiple of 4 floats, <= 48 KB): the warp copies every row's scores
+// to shared memory first (one round trip, all pieces in flight), so the walk's rows, each chosen by the
+// previous row's best, are not a chain of global loads (7 dependent trips at the 27B drafter's shape).
+// Otherwise thread 0 reads them from global memory.
+template <bool kStaged>
 __global__ void selector_walk_kernel(const float* __restrict__ scores, const int32_t* __restrict__ cand,
                                      int32_t* __restrict__ out, int rows, int top_k) {
+  extern __shared__ __align__(16) float staged[];
   pdl_wait();
+  const float* src = scores;
+  if constexpr (kStaged) {
+    // cp.async: every 16-byte piece is in flight at once, no registers held (a plain copy loop waited for
+    // each load before its store: 56 round trips at the 27B shape, S24-5).
+    const int pieces = rows * top_k * top_k / 4;
+    for (int e = static_cast<int>(threadIdx.x); e < pieces; e += static_cast<int>(blockDim.x))
+      cp_async16(staged + 4 * e, scores + 4 * e);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();
+    src = staged;
+  }
   if (threadIdx.x != 0) return;
   int j = 0;
   for (int p = 0; p < rows; ++p) {
-    const float* S = scores + (static_cast<int64_t>(p) * top_k + j) * top_k;
+    const float* S = src + (static_cast<int64_t>(p) * top_k + j) * top_k;
     int best = 0;
     float best_score = 0.0f;
     for (int k = 0; k < top_k; ++k)
@@ -103,8 +122,13 @@ void launch_selector_walk(const float* pred, const float* succ, const int32_t* c
   else
     launch_pdl(selector_pairs_kernel<false>, grid, dim3(kPairThreads), 0, s, pred, succ, unary, g, scores,
                static_cast<int>(top_k), static_cast<int>(rank));
-  launch_pdl(selector_walk_kernel, dim3(1), dim3(32), 0, s, scores, cand, out, static_cast<int>(rows),
-             static_cast<int>(top_k));
+  const size_t walk_bytes = selector_walk_scratch_bytes(rows, top_k);
+  if (walk_bytes <= kPairSmemMax && walk_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(scores) % 16 == 0)
+    launch_pdl(selector_walk_kernel<true>, dim3(1), dim3(32), walk_bytes, s, scores, cand, out,
+               static_cast<int>(rows), static_cast<int>(top_k));
+  else
+    launch_pdl(selector_walk_kernel<false>, dim3(1), dim3(32), 0, s, scores, cand, out, static_cast<int>(rows),
+               static_cast<int>(top_k));
 }
 
 }  // namespace dflash::cuda
