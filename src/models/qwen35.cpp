@@ -694,22 +694,26 @@ void Qwen35Model::rollback(int64_t n_keep) {
   n_past_ = last_start_ + n_keep;
   const int64_t C = conv_dim(), km1 = cfg_.ssm_conv_kernel - 1;
   auto ops = [&] {
+    // Every GDN layer's replay is independent of the others': the recurrences over the kept rows from the
+    // states before the forward in one batch (their outputs unwanted), then the conv states.
+    std::vector<Backend::GdnRecurrentJob> replays;
+    std::vector<Backend::CopyJob> copies;
     for (int64_t il = 0; il < cfg_.n_layer; ++il) {
       if (layers_[il].attention) continue;
       LayerState& s = state_[il];
-      // the recurrence again over the kept rows, from the state before the forward (attn_: scratch out)
-      const GdnShape shape{cfg_.ssm_k_heads, cfg_.ssm_v_heads, cfg_.ssm_head_k, cfg_.ssm_head_v()};
-      be_.gdn_recurrent(s.undo_q, s.undo_k, s.undo_v, s.undo_g, s.undo_beta, s.ssm_state_before, s.ssm_state, attn_,
-                        nullptr, n_keep, shape);
+      replays.push_back({s.undo_q, s.undo_k, s.undo_v, s.undo_g, s.undo_beta, s.ssm_state_before, s.ssm_state, nullptr});
       // conv state = the last K-1 rows of [state_before ; inputs[0..n_keep)]: rows n_keep .. n_keep + K-2 of
       // that concatenation, at most two contiguous runs (one when n_keep >= K-1)
       const int64_t from_before = std::max<int64_t>(0, km1 - n_keep);  // leading rows still from state_before
       if (from_before > 0)
-        be_.copy(s.conv_state, s.conv_state_before + n_keep * C, sizeof(float) * from_before * C);
+        copies.push_back({s.conv_state, s.conv_state_before + n_keep * C, sizeof(float) * from_before * C});
       if (km1 - from_before > 0)
-        be_.copy(s.conv_state + from_before * C, s.conv_inputs + (n_keep + from_before - km1) * C,
-                 sizeof(float) * (km1 - from_before) * C);
+        copies.push_back({s.conv_state + from_before * C, s.conv_inputs + (n_keep + from_before - km1) * C,
+                          sizeof(float) * (km1 - from_before) * C});
     }
+    const GdnShape shape{cfg_.ssm_k_heads, cfg_.ssm_v_heads, cfg_.ssm_head_k, cfg_.ssm_head_v()};
+    be_.gdn_recurrent_batch(replays, n_keep, shape);
+    be_.copy_batch(copies);
   };
   // Every pointer and size above depends only on n_keep: one graph per kept-row count (27B: ~100
   // replays and copies per cycle, launched one by one they cost more than their work).

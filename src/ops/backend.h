@@ -66,6 +66,16 @@ class Backend {
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // device to device
+  // Independent copies (no job's range overlaps another's): each as copy(); a backend may run them
+  // together (CUDA: one launch).
+  struct CopyJob {
+    void* dst = nullptr;
+    const void* src = nullptr;
+    size_t bytes = 0;
+  };
+  virtual void copy_batch(std::span<const CopyJob> jobs) {
+    for (const CopyJob& j : jobs) copy(j.dst, j.src, j.bytes);
+  }
   virtual void fill_zero(void* dst, size_t bytes) = 0;
   virtual void synchronize() = 0;
   // Weights: the backend may keep the file's bytes in place (CPU, mmap) or upload them (CUDA).
@@ -315,11 +325,29 @@ class Backend {
   //   state_in [n_v_heads, head_k, head_v] (S[p][i][j], i = key dim, j = value dim): the state before
   //     the rows, left as it is; state receives the state after them. state_in == state updates in
   //     place; otherwise they must not overlap (rollback replays from its checkpoint without a copy).
-  //   out [M, n_v_heads, head_v]
+  //   out [M, n_v_heads, head_v], or null when the outputs are not wanted (rollback's replay)
   //   snapshots: null, or [M, n_v_heads*head_k*head_v]: the state after each row.
   virtual void gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
                              const float* state_in, float* state, float* out, float* snapshots, int64_t M,
                              const GdnShape& shape) = 0;
+  // Independent recurrences of one shape and row count (rollback's replay: one per GDN layer), each
+  // gdn_recurrent(q, k, v, g, beta, state_in, state, out, nullptr, M, shape) with its bits; no job reads
+  // what another writes. The default runs them one by one; a backend may run them together (CUDA: one
+  // launch instead of one per layer).
+  struct GdnRecurrentJob {
+    const float* q = nullptr;
+    const float* k = nullptr;
+    const float* v = nullptr;
+    const float* g = nullptr;
+    const float* beta = nullptr;
+    const float* state_in = nullptr;
+    float* state = nullptr;
+    float* out = nullptr;
+  };
+  virtual void gdn_recurrent_batch(std::span<const GdnRecurrentJob> jobs, int64_t M, const GdnShape& shape) {
+    for (const GdnRecurrentJob& j : jobs)
+      gdn_recurrent(j.q, j.k, j.v, j.g, j.beta, j.state_in, j.state, j.out, nullptr, M, shape);
+  }
   // gdn_prepare_recurrent's inputs as they come out of the conv and the alpha/beta matmuls. q, k, v
   // are read with row strides (floats between rows) so they may point into the conv output [M, C]
   // without copies.

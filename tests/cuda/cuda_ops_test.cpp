@@ -713,6 +713,105 @@ TEST(CudaOps, GdnRecurrent) {
   }
 }
 
+// gdn_recurrent_batch (rollback's replay of every GDN layer in one launch): each job's state and out
+// bit for bit those of its own gdn_recurrent (from a checkpoint, out of place), state_in untouched; out
+// null leaves the states the same; more jobs than one launch takes (48) go in several. The job's state
+// against the CPU's at gdn_recurrent's bound.
+TEST(CudaOps, GdnRecurrentBatch) {
+  REQUIRE_GPU();
+  std::mt19937 rng(33);
+  struct Case {
+    GdnShape s;
+    int64_t M;
+    int jobs;
+  };
+  const GdnShape big{16, 48, 128, 128};
+  const Case cases[] = {{big, 1, 3}, {big, 4, 3}, {{2, 4, 32, 64}, 3, 4}, {{2, 4, 16, 16}, 2, 50}};
+  auto bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  for (const Case& cs : cases) {
+    const GdnShape& s = cs.s;
+    const int64_t M = cs.M, hs = s.n_v_heads * s.head_k * s.head_v, no = M * s.n_v_heads * s.head_v;
+    const std::string shp = shape_str({cs.jobs, M, s.n_k_heads, s.n_v_heads, s.head_k, s.head_v});
+    std::vector<GdnInputs> in;
+    std::vector<std::unique_ptr<Buf<float>>> bufs;  // per job: q k v g beta state_in, then the outputs
+    auto buf = [&](Backend& be, auto&&... a) {
+      bufs.push_back(std::make_unique<Buf<float>>(be, a...));
+      return bufs.back()->get_ptr();
+    };
+    std::vector<Backend::GdnRecurrentJob> jobs, jobs_no_out;
+    std::vector<float*> ref_state, ref_out, st, out, st2;
+    for (int j = 0; j < cs.jobs; ++j) {
+      in.push_back(gdn_inputs(s, M, rng));
+      const GdnInputs& x = in.back();
+      float *q = buf(gpu(), x.q), *k = buf(gpu(), x.k), *v = buf(gpu(), x.v), *g = buf(gpu(), x.g),
+            *b = buf(gpu(), x.beta), *s_in = buf(gpu(), x.state);
+      ref_state.push_back(buf(gpu(), hs));
+      ref_out.push_back(buf(gpu(), no));
+      gpu().gdn_recurrent(q, k, v, g, b, s_in, ref_state.back(), ref_out.back(), nullptr, M, s);
+      st.push_back(buf(gpu(), hs));
+      out.push_back(buf(gpu(), no));
+      st2.push_back(buf(gpu(), hs));
+      jobs.push_back({q, k, v, g, b, s_in, st.back(), out.back()});
+      jobs_no_out.push_back({q, k, v, g, b, s_in, st2.back(), nullptr});
+    }
+    gpu().gdn_recurrent_batch(jobs, M, s);
+    gpu().gdn_recurrent_batch(jobs_no_out, M, s);
+    auto get = [&](const float* p) {
+      for (const auto& b : bufs)
+        if (b->get_ptr() == p) return std::make_pair(b->get(), b->guard_ok());
+      return std::make_pair(std::vector<float>{}, false);
+    };
+    bool same = true, untouched = true;
+    for (int j = 0; j < cs.jobs; ++j) {
+      const auto rs = get(ref_state[j]), ro = get(ref_out[j]), bs = get(st[j]), bo = get(out[j]), bs2 = get(st2[j]);
+      same = same && bits(bs.first, rs.first) && bits(bo.first, ro.first) && bits(bs2.first, rs.first) && bs.second &&
+             bo.second && bs2.second;
+      const auto sin = get(jobs[j].state_in);
+      untouched = untouched && bits(sin.first, in[j].state) && sin.second;
+    }
+    record({"gdn_recurrent_batch == per-job gdn_recurrent", shp, 0, 0, 0, same && untouched,
+            same && untouched ? "states, outs memcmp equal; state_in untouched" : "differs"});
+    EXPECT_TRUE(same && untouched) << shp;
+    // the last job against the CPU
+    const GdnInputs& x = in.back();
+    Buf<float> qc(cpu(), x.q), kc(cpu(), x.k), vc(cpu(), x.v), gc(cpu(), x.g), bc(cpu(), x.beta), sc(cpu(), x.state),
+        oc(cpu(), no), sco(cpu(), hs);
+    cpu().gdn_recurrent(qc, kc, vc, gc, bc, sc, sco, oc, nullptr, M, s);
+    const auto bs = get(st.back());
+    check("gdn_recurrent_batch state", shp, bs.first, sco.get(), 1e-9, bs.second);
+  }
+}
+
+// copy_batch: every job's bytes where copy() puts them, nothing past them (guards); sets with an
+// unaligned job (one copy at a time) and more jobs than one launch takes (96).
+TEST(CudaOps, CopyBatch) {
+  REQUIRE_GPU();
+  std::mt19937 rng(35);
+  for (const auto& [njobs, misalign] : {std::pair{3, 0}, std::pair{5, 1}, std::pair{100, 0}}) {
+    std::vector<std::unique_ptr<Buf<float>>> src, dst;
+    std::vector<Backend::CopyJob> jobs;
+    std::vector<std::vector<float>> want;
+    for (int j = 0; j < njobs; ++j) {
+      const size_t n = 4 * (1 + rng() % 3000);  // floats: a multiple of 16 bytes
+      src.push_back(std::make_unique<Buf<float>>(gpu(), randn_vec(rng, n)));
+      dst.push_back(std::make_unique<Buf<float>>(gpu(), std::vector<float>(n, -1.0f)));
+      const size_t off = misalign && j == 1 ? 1 : 0;  // one job 4-byte aligned only
+      jobs.push_back({dst.back()->get_ptr() + off, src.back()->get_ptr() + off, (n - off) * sizeof(float)});
+      std::vector<float> w = src.back()->get();
+      if (off) w[0] = -1.0f;
+      want.push_back(w);
+    }
+    gpu().copy_batch(jobs);
+    bool same = true;
+    for (int j = 0; j < njobs; ++j) same = same && dst[j]->get() == want[j] && dst[j]->guard_ok();
+    const std::string shp = fmt::format("{} jobs{}", njobs, misalign ? ", one unaligned" : "");
+    record({"copy_batch", shp, 0, 0, 0, same, same ? "equal, guards intact" : "differs"});
+    EXPECT_TRUE(same) << shp;
+  }
+}
+
 // gdn_prepare_recurrent (decode / verify: l2 norms, gates and the recurrence in one kernel) from raw
 // conv rows [M, C] (q | k | v read with row stride C) against the CPU's op sequence: out and state at
 // gdn_recurrent's bound, the prepared q, k, g, beta at the norms' / gates' bound. On the GPU, bit for

@@ -201,6 +201,51 @@ TEST(CpuGdnRecurrent, RowsAtOnceEqualRowByRowAndSnapshotsEqualShorterRuns) {
   EXPECT_TRUE(same_bits(t1.snapshots.data(), all.snapshots.data(), all.snapshots.size()));
 }
 
+// ---- batches (rollback's replay) ----------------------------------------------------------------------
+
+// gdn_recurrent_batch's default: each job's state (and out, when given) bit for bit its own
+// gdn_recurrent's, from a checkpoint that stays as it was; copy_batch's: each job's bytes copied.
+TEST(CpuGdnRecurrentBatch, EachJobAsItsOwnCall) {
+  std::mt19937 rng(27);
+  auto be = make_cpu_backend(2);
+  const GdnShape s{2, 4, 32, 16};
+  const int64_t M = 3, nqk = s.n_k_heads * s.head_k, nv = s.n_v_heads * s.head_v, hs = s.n_v_heads * s.head_k * s.head_v;
+  struct Job {
+    std::vector<float> q, k, v, g, beta, state_in, state, out, want_state, want_out;
+  };
+  std::vector<Job> js(3);
+  std::vector<Backend::GdnRecurrentJob> jobs;
+  for (size_t j = 0; j < js.size(); ++j) {
+    Job& x = js[j];
+    x.q = random_vec(rng, M * nqk, -0.2f, 0.2f), x.k = random_vec(rng, M * nqk, -0.2f, 0.2f);
+    x.v = random_vec(rng, M * nv), x.g = random_vec(rng, M * s.n_v_heads, -0.7f, -0.01f);
+    x.beta = random_vec(rng, M * s.n_v_heads, 0.1f, 0.9f), x.state_in = random_vec(rng, hs, -0.5f, 0.5f);
+    x.state.assign(hs, 0.0f), x.out.assign(M * nv, 0.0f), x.want_state.assign(hs, 0.0f), x.want_out.assign(M * nv, 0.0f);
+    be->gdn_recurrent(x.q.data(), x.k.data(), x.v.data(), x.g.data(), x.beta.data(), x.state_in.data(),
+                      x.want_state.data(), x.want_out.data(), nullptr, M, s);
+    // job 1 does not want its outputs
+    jobs.push_back({x.q.data(), x.k.data(), x.v.data(), x.g.data(), x.beta.data(), x.state_in.data(), x.state.data(),
+                    j == 1 ? nullptr : x.out.data()});
+  }
+  const std::vector<float> checkpoint0 = js[0].state_in;
+  be->gdn_recurrent_batch(jobs, M, s);
+  for (size_t j = 0; j < js.size(); ++j) {
+    SCOPED_TRACE(testing::Message() << "job " << j);
+    EXPECT_TRUE(same_bits(js[j].state.data(), js[j].want_state.data(), hs));
+    if (j != 1) {
+      EXPECT_TRUE(same_bits(js[j].out.data(), js[j].want_out.data(), M * nv));
+    }
+  }
+  EXPECT_EQ(js[0].state_in, checkpoint0);
+
+  std::vector<float> a = random_vec(rng, 37), b = random_vec(rng, 5), a2(37, 0.0f), b2(5, 0.0f);
+  const Backend::CopyJob copies[] = {{a2.data(), a.data(), a.size() * sizeof(float)},
+                                     {b2.data(), b.data(), b.size() * sizeof(float)}};
+  be->copy_batch(copies);
+  EXPECT_EQ(a2, a);
+  EXPECT_EQ(b2, b);
+}
+
 // ---- recurrence with prepared inputs ---------------------------------------------------------------
 
 // gdn_prepare_recurrent from raw conv rows equals the op sequence it replaces (copy_rows, l2_norm,

@@ -73,7 +73,7 @@ void CpuBackend::gdn_recurrent(const float* q, const float* k, const float* v, c
   const int64_t head_state = dk * dv;
   if (state_in != state) std::memcpy(state, state_in, static_cast<size_t>(Hv * head_state) * sizeof(float));
   pool_.parallel_for(Hv, 1, [&](int64_t p0, int64_t p1) {
-    std::vector<float> kv(static_cast<size_t>(dv)), delta(static_cast<size_t>(dv));
+    std::vector<float> kv(static_cast<size_t>(dv)), delta(static_cast<size_t>(dv)), unwanted(out ? 0 : dv);
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t kh = p % Hk;
       float* S = state + p * head_state;
@@ -81,7 +81,7 @@ void CpuBackend::gdn_recurrent(const float* q, const float* k, const float* v, c
         const float* qm = q + (m * Hk + kh) * dk;
         const float* km = k + (m * Hk + kh) * dk;
         const float* vm = v + (m * Hv + p) * dv;
-        float* om = out + (m * Hv + p) * dv;
+        float* om = out ? out + (m * Hv + p) * dv : unwanted.data();  // out null: the outputs are not wanted
         const float decay = std::exp(g[m * Hv + p]);
         const float b = beta[m * Hv + p];
         std::fill(kv.begin(), kv.end(), 0.0f);

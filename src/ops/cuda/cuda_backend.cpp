@@ -154,6 +154,30 @@ class CudaBackend final : public Backend {
     cuda::launch_copy(dst, src, bytes, stream_);  // a kernel: it keeps a step graph's PDL chain
     after("copy");
   }
+  void copy_batch(std::span<const CopyJob> jobs) override {
+    // One launch when every job is 16-byte aligned with a size a multiple of 16 (rollback's conv states);
+    // any other job set goes one copy at a time.
+    bool aligned = true;
+    for (const CopyJob& j : jobs)
+      aligned = aligned && (reinterpret_cast<uintptr_t>(j.dst) | reinterpret_cast<uintptr_t>(j.src) | j.bytes) % 16 == 0;
+    if (!aligned || jobs.size() < 2) {
+      Backend::copy_batch(jobs);
+      return;
+    }
+    std::vector<void*> dst;
+    std::vector<const void*> src;
+    std::vector<size_t> bytes;
+    for (const CopyJob& j : jobs) {
+      const auto d = reinterpret_cast<uintptr_t>(j.dst), s = reinterpret_cast<uintptr_t>(j.src);
+      DFLASH_CHECK(!j.bytes || d + j.bytes <= s || s + j.bytes <= d, "cuda copy_batch: overlapping ranges ({} bytes)",
+                   j.bytes);
+      dst.push_back(j.dst);
+      src.push_back(j.src);
+      bytes.push_back(j.bytes);
+    }
+    cuda::launch_copy_batch(dst.data(), src.data(), bytes.data(), static_cast<int>(jobs.size()), stream_);
+    after("copy_batch");
+  }
   void fill_zero(void* dst, size_t bytes) override {
     if (bytes) DFLASH_CUDA_CALL(cudaMemsetAsync(dst, 0, bytes, stream_));
     after("fill_zero");
@@ -700,6 +724,20 @@ class CudaBackend final : public Backend {
     cuda::launch_gdn_recurrent(q, k, v, g, beta, state_in, state, out, snapshots, M, s.n_k_heads, s.n_v_heads,
                                s.head_k, s.head_v, stream_);
     after("gdn_recurrent");
+  }
+  void gdn_recurrent_batch(std::span<const GdnRecurrentJob> jobs, int64_t M, const GdnShape& s) override {
+    check_gdn(s, "gdn_recurrent_batch");
+    if (skip_ & kSkipGdn) return;
+    std::vector<cuda::GdnRecurrentJobRef> refs;
+    refs.reserve(jobs.size());
+    for (const GdnRecurrentJob& j : jobs) {
+      DFLASH_CHECK(j.q && j.k && j.v && j.g && j.beta && j.state_in && j.state,
+                   "cuda gdn_recurrent_batch: job {} has a null input or state", refs.size());
+      refs.push_back({j.q, j.k, j.v, j.g, j.beta, j.state_in, j.state, j.out});
+    }
+    cuda::launch_gdn_recurrent_batch(refs.data(), static_cast<int>(refs.size()), M, s.n_k_heads, s.n_v_heads, s.head_k,
+                                     s.head_v, stream_);
+    after("gdn_recurrent_batch");
   }
   void gdn_prepare_recurrent(const GdnRawInputs& in, float* state, float* out, const GdnPrepared* prepared,
                              int64_t M, const GdnShape& s) override {

@@ -95,8 +95,10 @@ bool gdn_state_prefetch() {
 // heads): the staging's divisions by head_k and the state offsets' multiplies by head_v fold away (ncu of
 // the 8-row verify step, S18-10: ~1100 of a warp's ~2550 instructions ran once per warp, mostly that
 // integer arithmetic, with half the stall samples).
-template <int kG, int kRPT, bool kPrepare, bool kExactK = false, int kDv = 0>
-__global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const RecurrentArgs args) {
+// One CTA's work: V head blockIdx.x, value columns blockIdx.y * 32 .. + 31 (gdn_recurrent_kernel, and
+// gdn_recurrent_batch_kernel with the job's pointers).
+template <int kG, int kRPT, bool kPrepare, bool kExactK, int kDv>
+__device__ __forceinline__ void recurrent_cta(const RecurrentArgs& args) {
   constexpr int kGroups = kG;
   if (args.prefetch_state)
     for (int i = threadIdx.x; i < args.dk; i += blockDim.x)  // the line of (row i, this CTA's first column)
@@ -282,11 +284,39 @@ __global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const Recurre
       const float delta = (vj - kv_all) * bt;
 #pragma unroll
       for (int r = 0; r < kRPT; ++r) S[r] = fmaf(kr[r], delta, S[r]);
-      if (grp == 0 && col_ok) args.out[(m * Hv + p) * dv + j] = fmaf(delta, group_sum<kGroups>(red[b][2], jl), sq_all);
+      if (grp == 0 && col_ok && args.out)
+        args.out[(m * Hv + p) * dv + j] = fmaf(delta, group_sum<kGroups>(red[b][2], jl), sq_all);
       if (snapshots && col_ok) store_state(snapshots + m * static_cast<int64_t>(Hv) * head_state + p * head_state, S);
     }
   }
   if (col_ok) store_state(S0, S);
+}
+
+template <int kG, int kRPT, bool kPrepare, bool kExactK = false, int kDv = 0>
+__global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const RecurrentArgs args) {
+  recurrent_cta<kG, kRPT, kPrepare, kExactK, kDv>(args);
+}
+
+// Backend::gdn_recurrent_batch: job blockIdx.z with its own pointers, the shapes of `base`.
+constexpr int kMaxRecurrentJobs = 48;  // the kernel's parameters stay under 4 KB
+struct RecurrentBatch {
+  RecurrentArgs base;
+  const float* q[kMaxRecurrentJobs];
+  const float* k[kMaxRecurrentJobs];
+  const float* v[kMaxRecurrentJobs];
+  const float* g[kMaxRecurrentJobs];
+  const float* beta[kMaxRecurrentJobs];
+  const float* state_in[kMaxRecurrentJobs];
+  float* state[kMaxRecurrentJobs];
+  float* out[kMaxRecurrentJobs];
+};
+template <int kG, int kRPT, bool kExactK = false, int kDv = 0>
+__global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_batch_kernel(const RecurrentBatch b) {
+  RecurrentArgs a = b.base;
+  const int z = static_cast<int>(blockIdx.z);
+  a.q = b.q[z], a.k = b.k[z], a.v = b.v[z], a.g = b.g[z], a.beta = b.beta[z];
+  a.state_in = b.state_in[z], a.state = b.state[z], a.out = b.out[z];
+  recurrent_cta<kG, kRPT, false, kExactK, kDv>(a);
 }
 
 // DFLASH_CUDA_GDN_CONST_SHAPES=0: 128 x 128 heads take the generic kernel (shapes read at run time), for
@@ -317,6 +347,28 @@ void launch_recurrent_groups(const RecurrentArgs& a, cudaStream_t s) {
   else
     launch_pdl(gdn_recurrent_kernel<kG, 64, kPrepare>, grid, kG * 32, 0, s, a);
 }
+// The batch's kernel: the same template choice as launch_recurrent_groups (so the same code per row).
+template <int kG>
+void launch_recurrent_batch_groups(const RecurrentBatch& b, unsigned jobs, cudaStream_t s) {
+  const RecurrentArgs& a = b.base;
+  const dim3 grid(static_cast<unsigned>(a.Hv), ceil_div_u(a.dv, 32), jobs);
+  if constexpr (kG * 16 == 128)
+    if (a.dk == 128 && a.dv == 128 && gdn_const_shapes()) {
+      launch_pdl(gdn_recurrent_batch_kernel<kG, 16, true, 128>, grid, kG * 32, 0, s, b);
+      return;
+    }
+  if (a.dk <= kG * 4)
+    launch_pdl(gdn_recurrent_batch_kernel<kG, 4>, grid, kG * 32, 0, s, b);
+  else if (a.dk <= kG * 8)
+    launch_pdl(gdn_recurrent_batch_kernel<kG, 8>, grid, kG * 32, 0, s, b);
+  else if (a.dk <= kG * 16)
+    launch_pdl(gdn_recurrent_batch_kernel<kG, 16>, grid, kG * 32, 0, s, b);
+  else if (a.dk <= kG * 32)
+    launch_pdl(gdn_recurrent_batch_kernel<kG, 32>, grid, kG * 32, 0, s, b);
+  else
+    launch_pdl(gdn_recurrent_batch_kernel<kG, 64>, grid, kG * 32, 0, s, b);
+}
+
 template <bool kPrepare>
 void launch_recurrent(RecurrentArgs a, cudaStream_t s) {
   if (a.M <= 0) return;
@@ -342,6 +394,31 @@ void launch_gdn_recurrent(const float* q, const float* k, const float* v, const 
   a.Hk = static_cast<int>(n_k_heads), a.Hv = static_cast<int>(n_v_heads);
   a.dk = static_cast<int>(head_k), a.dv = static_cast<int>(head_v);
   launch_recurrent<false>(a, s);
+}
+
+void launch_gdn_recurrent_batch(const GdnRecurrentJobRef* jobs, int n, int64_t M, int64_t n_k_heads,
+                                int64_t n_v_heads, int64_t head_k, int64_t head_v, cudaStream_t s) {
+  if (M <= 0) return;
+  for (int j0 = 0; j0 < n; j0 += kMaxRecurrentJobs) {
+    const int nj = n - j0 < kMaxRecurrentJobs ? n - j0 : kMaxRecurrentJobs;
+    RecurrentBatch b{};
+    RecurrentArgs& a = b.base;
+    a.q_stride = a.k_stride = n_k_heads * head_k;
+    a.v_stride = n_v_heads * head_v;
+    a.M = M;
+    a.Hk = static_cast<int>(n_k_heads), a.Hv = static_cast<int>(n_v_heads);
+    a.dk = static_cast<int>(head_k), a.dv = static_cast<int>(head_v);
+    a.prefetch_state = gdn_state_prefetch();
+    for (int j = 0; j < nj; ++j) {
+      const GdnRecurrentJobRef& r = jobs[j0 + j];
+      b.q[j] = r.q, b.k[j] = r.k, b.v[j] = r.v, b.g[j] = r.g, b.beta[j] = r.beta;
+      b.state_in[j] = r.state_in, b.state[j] = r.state, b.out[j] = r.out;
+    }
+    if (gdn_groups() == 4)
+      launch_recurrent_batch_groups<4>(b, static_cast<unsigned>(nj), s);
+    else
+      launch_recurrent_batch_groups<8>(b, static_cast<unsigned>(nj), s);
+  }
 }
 
 void launch_gdn_prepare_recurrent(const float* q, int64_t q_stride, const float* k, int64_t k_stride, const float* v,

@@ -156,6 +156,10 @@ void launch_swiglu(const float* g, const float* u, float* y, int64_t n, cudaStre
 void launch_mul_sigmoid(const float* x, const float* g, float* y, int64_t n, cudaStream_t s);
 // Device-to-device copy of `bytes` (non-overlapping) as a PDL kernel (Backend::copy).
 void launch_copy(void* dst, const void* src, size_t bytes, cudaStream_t s);
+// Backend::copy_batch: n copies, each 16-byte aligned with a size a multiple of 16 (the caller checks), in
+// launches of up to kMaxCopyJobs (grid.y = the job).
+constexpr int kMaxCopyJobs = 96;
+void launch_copy_batch(void* const* dst, const void* const* src, const size_t* bytes, int n, cudaStream_t s);
 void launch_copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                       int64_t cols, cudaStream_t s);
 void launch_scatter_rows(float* dst, int64_t dst_stride, int64_t dst_rows, const int32_t* idx, const float* src,
@@ -247,6 +251,14 @@ bool launch_attention_prefill(const float* q, const float* k, const float* v, co
 void launch_gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
                           const float* state_in, float* state, float* out, float* snapshots, int64_t M,
                           int64_t n_k_heads, int64_t n_v_heads, int64_t head_k, int64_t head_v, cudaStream_t s);
+// Backend::gdn_recurrent_batch: n independent recurrences of one shape (snapshots none; out may be null),
+// each with launch_gdn_recurrent's bits, up to 48 per launch (grid.z = the job).
+struct GdnRecurrentJobRef {
+  const float *q, *k, *v, *g, *beta, *state_in;
+  float *state, *out;
+};
+void launch_gdn_recurrent_batch(const GdnRecurrentJobRef* jobs, int n, int64_t M, int64_t n_k_heads,
+                                int64_t n_v_heads, int64_t head_k, int64_t head_v, cudaStream_t s);
 // Backend::gdn_prepare_recurrent: the same kernel, preparing q, k (l2 norm, q * q_scale) and the gates
 // from a, b while staging; prep_*: all null, or the packed prepared q, k, g, beta.
 void launch_gdn_prepare_recurrent(const float* q, int64_t q_stride, const float* k, int64_t k_stride, const float* v,

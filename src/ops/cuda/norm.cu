@@ -131,6 +131,22 @@ __global__ void copy_kernel(T* __restrict__ dst, const T* __restrict__ src, size
     dst[i] = src[i];
 }
 
+// Backend::copy_batch: job blockIdx.y's 16-byte pieces, grid-stride over blockIdx.x.
+struct CopyBatch {
+  uint4* dst[kMaxCopyJobs];
+  const uint4* src[kMaxCopyJobs];
+  size_t n16[kMaxCopyJobs];
+};
+__global__ void copy_batch_kernel(const CopyBatch b) {
+  pdl_wait();
+  const int j = static_cast<int>(blockIdx.y);
+  uint4* __restrict__ dst = b.dst[j];
+  const uint4* __restrict__ src = b.src[j];
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < b.n16[j];
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = src[i];
+}
+
 __global__ void scatter_rows_kernel(float* dst, int64_t ds, int64_t dst_rows, const int32_t* __restrict__ idx,
                                     const float* src, int64_t ss, int64_t rows, int64_t cols) {
   pdl_wait();
@@ -479,6 +495,22 @@ void launch_copy(void* dst, const void* src, size_t bytes, cudaStream_t s) {
     go(static_cast<uint32_t*>(dst), static_cast<const uint32_t*>(src), bytes / 4);
   else
     go(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), bytes);
+}
+void launch_copy_batch(void* const* dst, const void* const* src, const size_t* bytes, int n, cudaStream_t s) {
+  for (int j0 = 0; j0 < n; j0 += kMaxCopyJobs) {
+    const int nj = std::min(n - j0, kMaxCopyJobs);
+    CopyBatch b{};
+    size_t most = 0;
+    for (int j = 0; j < nj; ++j) {
+      b.dst[j] = static_cast<uint4*>(dst[j0 + j]);
+      b.src[j] = static_cast<const uint4*>(src[j0 + j]);
+      b.n16[j] = bytes[j0 + j] / 16;
+      most = std::max(most, b.n16[j]);
+    }
+    if (most == 0) continue;
+    const unsigned blocks = static_cast<unsigned>(std::min<size_t>((most + 255) / 256, 256));
+    launch_pdl(copy_batch_kernel, dim3(blocks, static_cast<unsigned>(nj)), 256, 0, s, b);
+  }
 }
 void launch_copy_rows(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                       int64_t cols, cudaStream_t s) {
