@@ -712,8 +712,8 @@ void Qwen35Model::rollback(int64_t n_keep) {
                           sizeof(float) * (km1 - from_before) * C});
     }
     const GdnShape shape{cfg_.ssm_k_heads, cfg_.ssm_v_heads, cfg_.ssm_head_k, cfg_.ssm_head_v()};
-    be_.gdn_recurrent_batch(replays, n_keep, shape);
-    be_.copy_batch(copies);
+    if (!replays.empty()) be_.gdn_recurrent_batch(replays, n_keep, shape);
+    if (!copies.empty()) be_.copy_batch(copies);
   };
   // Every pointer and size above depends only on n_keep: one graph per kept-row count (27B: ~100
   // replays and copies per cycle, launched one by one they cost more than their work).
