@@ -494,7 +494,8 @@ inline int64_t mma_ctas(int64_t out) { return (padded_rows(out) / 16 + kTilesPer
 // format's. A device setting, like the SM count: it never depends on M. Measured on the H200 for the
 // ternary format (27B decode step, commit after 1744dbf): 4 -> 7.52 ms, 3 -> 6.95 ms, 2 -> 7.09 ms
 // (fewer, longer-lived warps amortise each warp's fixed prologue and epilogue; 2 leaves SMs short of
-// bytes in flight).
+// bytes in flight). Measured again in round 25 on the later kernels: 2 is now faster for the ternary
+// format (TernaryFmt::kWave).
 inline int mma_ctas_per_sm(int format_default) {
   static const int v = [] {
     const int n = env_int("DFLASH_CUDA_TERNARY_WAVE", 0);
