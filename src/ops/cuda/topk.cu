@@ -263,6 +263,21 @@ topk_select_kernel(const float* __restrict__ x, int64_t n, const uint32_t* __res
   lane_best(v, taken, bk, bj);
   // Positions stay below 2^32 - 1: count <= INT32_MAX (the backend checks n), plus one chunk of padding.
   const uint32_t base = static_cast<uint32_t>(c0);
+  // The r-th best of the chunk (key wk at position wp): the row's output at the last round, else the
+  // next round's candidate. Positions past count (padding) give id -1.
+  const auto emit = [&](int r, uint32_t wk, uint32_t wp) {
+    int32_t idx = -1;
+    if (wp < count) idx = kFromX ? static_cast<int32_t>(wp) : src_i[m * row_stride + wp];
+    if (ids) {
+      ids[m * k + r] = idx;
+      const float f = idx >= 0 ? x[m * n + idx] : -INFINITY;
+      vals[m * k + r] = f != f ? -INFINITY : f;
+    } else {
+      const int64_t o = (m * n_chunks + chunk) * k + r;
+      dst_k[o] = wk;
+      dst_i[o] = idx;
+    }
+  };
 
   // The threshold path (the file's header): T = the k-th largest lane maximum.
   __shared__ uint32_t cand_rel[kSelWarps][kFastCap];  // chunk-relative positions of the keys >= T
@@ -306,21 +321,8 @@ topk_select_kernel(const float* __restrict__ x, int64_t n, const uint32_t* __res
       } else {
         warp_sort_desc<64>(c, lane);
       }
-      if (lane < k) {  // lane r emits the r-th best (total >= k: k lanes' maxima are >= T)
-        const uint32_t wk = static_cast<uint32_t>(c[0] >> 32);
-        const uint32_t wp = ~static_cast<uint32_t>(c[0]);
-        int32_t idx = -1;
-        if (wp < count) idx = kFromX ? static_cast<int32_t>(wp) : src_i[m * row_stride + wp];
-        if (ids) {
-          ids[m * k + lane] = idx;
-          const float f = idx >= 0 ? x[m * n + idx] : -INFINITY;
-          vals[m * k + lane] = f != f ? -INFINITY : f;
-        } else {
-          const int64_t o = (m * n_chunks + chunk) * k + lane;
-          dst_k[o] = wk;
-          dst_i[o] = idx;
-        }
-      }
+      // lane r emits the r-th best (total >= k: k lanes' maxima are >= T)
+      if (lane < k) emit(lane, static_cast<uint32_t>(c[0] >> 32), ~static_cast<uint32_t>(c[0]));
       return;
     }
   }
@@ -330,17 +332,7 @@ topk_select_kernel(const float* __restrict__ x, int64_t n, const uint32_t* __res
     const uint32_t cand = bk == wk ? base + slot_rel<kFromX>(lane, bj) : 0xffffffffu;
     const uint32_t wp = __reduce_min_sync(0xffffffffu, cand);
     if (cand == wp) {  // exactly one lane: positions are distinct
-      int32_t idx = -1;
-      if (wp < count) idx = kFromX ? static_cast<int32_t>(wp) : src_i[m * row_stride + wp];
-      if (ids) {
-        ids[m * k + r] = idx;
-        const float f = idx >= 0 ? x[m * n + idx] : -INFINITY;
-        vals[m * k + r] = f != f ? -INFINITY : f;
-      } else {
-        const int64_t o = (m * n_chunks + chunk) * k + r;
-        dst_k[o] = wk;
-        dst_i[o] = idx;
-      }
+      emit(r, wk, wp);
       taken |= 1ull << bj;
       lane_best(v, taken, bk, bj);
     }
