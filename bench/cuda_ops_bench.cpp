@@ -1,7 +1,7 @@
 // bench_cuda_ops: CUDA backend throughput against the measured streaming-read floor.
 //
 //   bench_cuda_ops [--quick] [--model FILE.gguf [--model-only] [--tokens N]] [--gdn] [--prefill] [--attn-prefill]
-//                  [--attention] [--boundary] [--persistent] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]
+//                  [--attention [--keys N]] [--boundary] [--persistent] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]
 //
 // --matmul runs section 2 alone for one type (and shape, e.g. ptq1_0:attn_qkv: a target for ncu);
 // --warm-l2 then times one copy of the matrix, served from L2 when it fits (latency vs bandwidth).
@@ -13,7 +13,8 @@
 //    is transcoded to 2-bit codes, 21 % more bytes). Each timing rotates over enough copies of the
 //    matrix (>= 256 MB) that L2 (50 MB) cannot serve repeats. M8/M1 = cost ratio of a verify block;
 //    --rows N times N rows instead of 8 (the drafter's lm_head runs 7).
-// 3. Other decode-step ops at 27B shapes (times only); the attention rows alone with --attention.
+// 3. Other decode-step ops at 27B shapes (times only); the attention rows alone with --attention (--keys N:
+//    one context length only, e.g. to profile its launches with ncu).
 // 4. With --model: whole-model decode tok/s (1-row forwards, logits of the last row + argmax) and
 //    8-row verify forwards, against the floor (bytes the step reads / floor).
 // 5. Prefill GDN (bench_gdn_prefill, also alone with --gdn): gdn_chunked (WY kernels) against the
@@ -222,13 +223,14 @@ float* dev_randn(Backend& be, std::mt19937& rng, size_t n, float scale = 1.0f) {
 // Decode / verify attention (Backend::attention) at the 27B shape and the 27B drafter's block: M = 1
 // and M = 8 causal rows at the end of the cache, from short to long contexts. Rows of section 3's table
 // (also alone with --attention).
-void bench_attention_decode(Backend& be, Out& out) {
+void bench_attention_decode(Backend& be, Out& out, int64_t only_keys = 0) {
   std::mt19937 rng(5);
   auto dev_rand = [&](size_t n, float scale = 1.0f) { return dev_randn(be, rng, n, scale); };
   auto row = [&](const std::string& op, const std::string& shape, const std::function<void()>& fn) {
     op_table_row(be, out, op, shape, fn);
   };
   for (int64_t keys : {100, 576, 1024, 4096, 32768}) {
+    if (only_keys > 0 && keys != only_keys) continue;
     float* kc = dev_rand(keys * 4 * 256);
     float* vc = dev_rand(keys * 4 * 256);
     float* q = dev_rand(8 * 24 * 256, 0.06f);
@@ -407,6 +409,7 @@ int main(int argc, char** argv) {
   bool warm_l2 = false;  // --warm-l2: one copy of the matrix (served from L2 when it fits): the L2 bound
   int n_tokens = 64;
   int wide_rows = 8;  // --rows N: the matmul table's second row count (the drafter's lm_head has 7)
+  int64_t only_keys = 0;  // --keys N: the attention table at that context length only (100 .. 32768)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -423,6 +426,7 @@ int main(int argc, char** argv) {
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
     else if (a == "--tokens" && i + 1 < argc) n_tokens = std::atoi(argv[++i]);
     else if (a == "--rows" && i + 1 < argc) wide_rows = std::clamp(std::atoi(argv[++i]), 2, 8);
+    else if (a == "--keys" && i + 1 < argc) only_keys = std::atoll(argv[++i]);
     else if (a == "--matmul" && i + 1 < argc) {
       const std::string v = argv[++i];
       const size_t colon = v.find(':');
@@ -430,7 +434,7 @@ int main(int argc, char** argv) {
       if (colon != std::string::npos) only_shape = v.substr(colon + 1);
     } else {
       fmt::print(stderr,
-                 "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--attn-prefill] [--attention] [--boundary] [--persistent] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]\n");
+                 "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--attn-prefill] [--attention [--keys N]] [--boundary] [--persistent] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]\n");
       return 2;
     }
   }
@@ -444,7 +448,7 @@ int main(int argc, char** argv) {
     out.line(fmt::format("device: {}", cuda_device_description(0)));
     if (attn_only) {  // the decode / verify attention rows of section 3 alone
       op_table_header(out);
-      bench_attention_decode(*be, out);
+      bench_attention_decode(*be, out, only_keys);
       if (!out_path.empty()) std::ofstream(out_path) << out.md;
       return 0;
     }
