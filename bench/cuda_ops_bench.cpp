@@ -35,6 +35,7 @@
 //    attention_prefill at the 27B shape (24 / 4 heads x 256, causal, M rows at the end of the cache)
 //    against attention() (the decode / verify kernel prefill used before).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -43,6 +44,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <string>
 #include <thread>
@@ -220,6 +222,9 @@ float* dev_randn(Backend& be, std::mt19937& rng, size_t n, float scale = 1.0f) {
   return d;
 }
 
+// The context lengths of the decode / verify attention table (--keys picks one).
+constexpr int64_t kAttentionKeys[] = {100, 576, 1024, 4096, 32768};
+
 // Decode / verify attention (Backend::attention) at the 27B shape and the 27B drafter's block: M = 1
 // and M = 8 causal rows at the end of the cache, from short to long contexts. Rows of section 3's table
 // (also alone with --attention).
@@ -229,7 +234,7 @@ void bench_attention_decode(Backend& be, Out& out, int64_t only_keys = 0) {
   auto row = [&](const std::string& op, const std::string& shape, const std::function<void()>& fn) {
     op_table_row(be, out, op, shape, fn);
   };
-  for (int64_t keys : {100, 576, 1024, 4096, 32768}) {
+  for (int64_t keys : kAttentionKeys) {
     if (only_keys > 0 && keys != only_keys) continue;
     float* kc = dev_rand(keys * 4 * 256);
     float* vc = dev_rand(keys * 4 * 256);
@@ -432,11 +437,19 @@ int main(int argc, char** argv) {
       const size_t colon = v.find(':');
       only_type = v.substr(0, colon);
       if (colon != std::string::npos) only_shape = v.substr(colon + 1);
+    } else if (a == "--keys") {  // without a value
+      only_keys = -1;
     } else {
       fmt::print(stderr,
                  "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--attn-prefill] [--attention [--keys N]] [--boundary] [--persistent] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]\n");
       return 2;
     }
+  }
+  if (only_keys != 0 && std::find(std::begin(kAttentionKeys), std::end(kAttentionKeys), only_keys) ==
+                             std::end(kAttentionKeys)) {
+    fmt::print(stderr, "bench_cuda_ops: --keys takes one of the table's context lengths: {}\n",
+               fmt::join(kAttentionKeys, ", "));
+    return 2;
   }
   try {
     if (cuda_device_count() == 0) {

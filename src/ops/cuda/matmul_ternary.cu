@@ -105,9 +105,10 @@ struct TernaryFmt {
   // 3-4 CTAs fit per SM (41 KB decode, 64 KB verify rings). kWave, the CTAs per SM the k split aims at,
   // only decides the split of the 80-CTA launches (5120 outputs: ffn_down, the attention and GDN output
   // projections; every other 27B launch has more CTAs than one wave): 2 gives them 3 splits, 3 gave 4.
-  // Round 5-7 had measured 3 best (S7-7: 2 slower); since the later rounds' kernels 2 is faster (S25-3,
-  // --env-ab DFLASH_CUDA_TERNARY_WAVE=2: verify 5.62 / 5.64 vs 6.01 / 5.74 ms, decode 3.48 / 3.48 vs
-  // 3.53 / 3.50). Scheduling and the order of the split sums: it never depends on M.
+  // Round 5-7 had measured 3 best (S7-7: 2 slower); on the later rounds' kernels 2 is faster (S25-4,
+  // --env-ab DFLASH_CUDA_TERNARY_WAVE=2: verify 5.62 / 5.64 vs 6.01 / 5.74 ms; S25-5, this default against
+  // 3 alternating: verify 5.62-5.75 vs 5.75-5.83 ms, decode the same). Scheduling and the order of the
+  // split sums: it never depends on M.
   static constexpr int kMinBlocks = 4, kWave = 2;
   // (5 CTAs per SM at one row, 96 registers, so that FFN gate | up's 544 CTAs fit one wave: decode
   // 4.97 -> 5.33 ms and every matmul alone slower, S7-4; not kept.)
