@@ -1,7 +1,7 @@
 // bench_cuda_ops: CUDA backend throughput against the measured streaming-read floor.
 //
 //   bench_cuda_ops [--quick] [--model FILE.gguf [--model-only] [--tokens N]] [--gdn] [--prefill] [--attn-prefill]
-//                  [--attention [--keys N]] [--boundary] [--persistent] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]
+//                  [--attention [--keys N] [--case decode|verify|drafter]] [--boundary] [--persistent] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]
 //
 // --matmul runs section 2 alone for one type (and shape, e.g. ptq1_0:attn_qkv: a target for ncu);
 // --warm-l2 then times one copy of the matrix, served from L2 when it fits (latency vs bandwidth).
@@ -14,7 +14,7 @@
 //    matrix (>= 256 MB) that L2 (50 MB) cannot serve repeats. M8/M1 = cost ratio of a verify block;
 //    --rows N times N rows instead of 8 (the drafter's lm_head runs 7).
 // 3. Other decode-step ops at 27B shapes (times only); the attention rows alone with --attention (--keys N:
-//    one context length only, e.g. to profile its launches with ncu).
+//    one context length only, --case decode|verify|drafter one row, e.g. to profile its launches with ncu).
 // 4. With --model: whole-model decode tok/s (1-row forwards, logits of the last row + argmax) and
 //    8-row verify forwards, against the floor (bytes the step reads / floor).
 // 5. Prefill GDN (bench_gdn_prefill, also alone with --gdn): gdn_chunked (WY kernels) against the
@@ -228,11 +228,12 @@ constexpr int64_t kAttentionKeys[] = {100, 576, 1024, 4096, 32768};
 // Decode / verify attention (Backend::attention) at the 27B shape and the 27B drafter's block: M = 1
 // and M = 8 causal rows at the end of the cache, from short to long contexts. Rows of section 3's table
 // (also alone with --attention).
-void bench_attention_decode(Backend& be, Out& out, int64_t only_keys = 0) {
+void bench_attention_decode(Backend& be, Out& out, int64_t only_keys = 0, const std::string& only_case = "") {
   std::mt19937 rng(5);
   auto dev_rand = [&](size_t n, float scale = 1.0f) { return dev_randn(be, rng, n, scale); };
-  auto row = [&](const std::string& op, const std::string& shape, const std::function<void()>& fn) {
-    op_table_row(be, out, op, shape, fn);
+  // (case: decode, verify or drafter; --case keeps one, so that ncu's matching launches are its own)
+  auto row = [&](const std::string& c, const std::string& shape, const std::function<void()>& fn) {
+    if (only_case.empty() || only_case == c) op_table_row(be, out, "attention", shape, fn);
   };
   for (int64_t keys : kAttentionKeys) {
     if (only_keys > 0 && keys != only_keys) continue;
@@ -244,16 +245,16 @@ void bench_attention_decode(Backend& be, Out& out, int64_t only_keys = 0) {
     std::vector<int32_t> hr;
     for (int m = 0; m < 8; ++m) hr.insert(hr.end(), {0, static_cast<int32_t>(keys - 8 + m + 1)});
     be.upload(rng_d, hr.data(), hr.size() * 4);
-    row("attention", fmt::format("M=1, 24/4 heads x 256, {} keys", keys),
+    row("decode", fmt::format("M=1, 24/4 heads x 256, {} keys", keys),
         [&] { be.attention(q, kc, vc, rng_d + 14, o, 1, 24, 4, 256, 0.0625f); });
-    row("attention", fmt::format("M=8, {} keys", keys),
+    row("verify", fmt::format("M=8, {} keys", keys),
         [&] { be.attention(q, kc, vc, rng_d, o, 8, 24, 4, 256, 0.0625f); });
     // the 27B drafter's block: 8 rows over the whole context, 32 / 8 heads x 128 (same cache bytes)
     std::vector<int32_t> hd(16);
     for (int m = 0; m < 8; ++m) hd[2 * m] = 0, hd[2 * m + 1] = static_cast<int32_t>(keys);
     int32_t* rng_dr = static_cast<int32_t*>(be.alloc(16 * 4));
     be.upload(rng_dr, hd.data(), hd.size() * 4);
-    row("attention", fmt::format("M=8 drafter 32/8 heads x 128, {} keys", keys),
+    row("drafter", fmt::format("M=8 drafter 32/8 heads x 128, {} keys", keys),
         [&] { be.attention(q, kc, vc, rng_dr, o, 8, 32, 8, 128, 0.0884f); });
     be.release(rng_dr);
     for (float* p : {kc, vc, q, o}) be.release(p);
@@ -415,6 +416,7 @@ int main(int argc, char** argv) {
   int n_tokens = 64;
   int wide_rows = 8;  // --rows N: the matmul table's second row count (the drafter's lm_head has 7)
   int64_t only_keys = 0;  // --keys N: the attention table at that context length only (100 .. 32768)
+  std::string only_case;  // --case decode|verify|drafter: that row of the attention table only
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -432,6 +434,7 @@ int main(int argc, char** argv) {
     else if (a == "--tokens" && i + 1 < argc) n_tokens = std::atoi(argv[++i]);
     else if (a == "--rows" && i + 1 < argc) wide_rows = std::clamp(std::atoi(argv[++i]), 2, 8);
     else if (a == "--keys" && i + 1 < argc) only_keys = std::atoll(argv[++i]);
+    else if (a == "--case" && i + 1 < argc) only_case = argv[++i];
     else if (a == "--matmul" && i + 1 < argc) {
       const std::string v = argv[++i];
       const size_t colon = v.find(':');
@@ -441,9 +444,13 @@ int main(int argc, char** argv) {
       only_keys = -1;
     } else {
       fmt::print(stderr,
-                 "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--attn-prefill] [--attention [--keys N]] [--boundary] [--persistent] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]\n");
+                 "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--attn-prefill] [--attention [--keys N] [--case decode|verify|drafter]] [--boundary] [--persistent] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]\n");
       return 2;
     }
+  }
+  if (!only_case.empty() && only_case != "decode" && only_case != "verify" && only_case != "drafter") {
+    fmt::print(stderr, "bench_cuda_ops: --case takes decode, verify or drafter (got '{}')\n", only_case);
+    return 2;
   }
   if (only_keys != 0 && std::find(std::begin(kAttentionKeys), std::end(kAttentionKeys), only_keys) ==
                              std::end(kAttentionKeys)) {
@@ -461,7 +468,7 @@ int main(int argc, char** argv) {
     out.line(fmt::format("device: {}", cuda_device_description(0)));
     if (attn_only) {  // the decode / verify attention rows of section 3 alone
       op_table_header(out);
-      bench_attention_decode(*be, out, only_keys);
+      bench_attention_decode(*be, out, only_keys, only_case);
       if (!out_path.empty()) std::ofstream(out_path) << out.md;
       return 0;
     }

@@ -499,35 +499,47 @@ void attention_case(int64_t M, int64_t H, int64_t Hkv, int64_t D, int64_t n_keys
                     uint32_t seed, const std::string& what) {
   std::mt19937 rng(seed);
   const auto q = randn_vec(rng, M * H * D), k = randn_vec(rng, n_keys * Hkv * D), v = randn_vec(rng, n_keys * Hkv * D);
-  Buf<float> qg(gpu(), q), kg(gpu(), k), vg(gpu(), v), og(gpu(), M * H * D);
+  Buf<float> qg(gpu(), q), kg(gpu(), k), vg(gpu(), v);
   Buf<float> qc(cpu(), q), kc(cpu(), k), vc(cpu(), v), oc(cpu(), M * H * D);
   Buf<int32_t> rg(gpu(), ranges), rc(cpu(), ranges);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  gpu().attention(qg, kg, vg, rg, og, M, H, Hkv, D, scale);
   cpu().attention(qc, kc, vc, rc, oc, M, H, Hkv, D, scale);
-  check(fmt::format("attention {}", what), shape_str({M, H, Hkv, D, n_keys}), og.get(), oc.get(), 1e-10, og.guard_ok());
-  // lossless: each row alone (same range) gives the same bits
-  const auto multi = og.get();
-  bool same = true;
-  for (int64_t m = 0; m < M; ++m) {
-    Buf<float> q1(gpu(), std::vector<float>(q.begin() + m * H * D, q.begin() + (m + 1) * H * D)), o1(gpu(), H * D);
-    Buf<int32_t> r1(gpu(), std::vector<int32_t>{ranges[2 * m], ranges[2 * m + 1]});
-    gpu().attention(q1, kg, vg, r1, o1, 1, H, Hkv, D, scale);
-    same = same && std::memcmp(o1.get().data(), multi.data() + m * H * D, H * D * 4) == 0;
-  }
-  record({fmt::format("attention M-row==1-row {}", what), shape_str({M, H, Hkv, D}), 0, 0, 0, same, same ? "memcmp equal" : "differs"});
-  EXPECT_TRUE(same) << what;
-  // the segment kernel's variants (scores layout and staging only) give the default's bits
-  for (int v = 0; v <= 1; ++v) {
+  const auto ref = oc.get();
+  // the decode / verify segment kernel's variants (cuda::set_attention_segment_variant; -1 the default):
+  // 0 and 1 (fp32 FMA; scores layout and staging only) give the same bits, 2 (tensor cores, head dims 128
+  // and 256, the default at 256; other head dims fall back to the rule) its own; each within the bound,
+  // each lossless: every row alone (same range) gives the M-row call's bits
+  const bool mma_shape = D == 128 || D == 256, mma_default = D == 256;
+  std::vector<std::vector<float>> outs;
+  for (int v : {-1, 0, 1, 2}) {
     cuda::set_attention_segment_variant(v);
-    Buf<float> ov(gpu(), M * H * D);
-    gpu().attention(qg, kg, vg, rg, ov, M, H, Hkv, D, scale);
+    const std::string name = v < 0 ? what : fmt::format("{} variant {}", what, v);
+    Buf<float> og(gpu(), M * H * D);
+    gpu().attention(qg, kg, vg, rg, og, M, H, Hkv, D, scale);
+    const auto multi = og.get();
+    check(fmt::format("attention {}", name), shape_str({M, H, Hkv, D, n_keys}), multi, ref, 1e-10, og.guard_ok());
+    bool same = true;
+    for (int64_t m = 0; m < M; ++m) {
+      Buf<float> q1(gpu(), std::vector<float>(q.begin() + m * H * D, q.begin() + (m + 1) * H * D)), o1(gpu(), H * D);
+      Buf<int32_t> r1(gpu(), std::vector<int32_t>{ranges[2 * m], ranges[2 * m + 1]});
+      gpu().attention(q1, kg, vg, r1, o1, 1, H, Hkv, D, scale);
+      same = same && std::memcmp(o1.get().data(), multi.data() + m * H * D, H * D * 4) == 0;
+    }
     cuda::set_attention_segment_variant(-1);
-    const bool eq = std::memcmp(ov.get().data(), multi.data(), M * H * D * 4) == 0;
-    record({fmt::format("attention variant {} == default {}", v, what), shape_str({M, H, Hkv, D}), 0, 0, 0, eq,
-            eq ? "memcmp equal" : "differs"});
-    EXPECT_TRUE(eq) << what << " variant " << v;
+    record({fmt::format("attention M-row==1-row {}", name), shape_str({M, H, Hkv, D}), 0, 0, 0, same,
+            same ? "memcmp equal" : "differs"});
+    EXPECT_TRUE(same) << name;
+    outs.push_back(multi);
   }
+  const auto bits_equal = [&](const std::string& op, const std::vector<float>& x, const std::vector<float>& y) {
+    const bool eq = std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+    record({op, shape_str({M, H, Hkv, D}), 0, 0, 0, eq, eq ? "memcmp equal" : "differs"});
+    EXPECT_TRUE(eq) << op;
+  };
+  bits_equal(fmt::format("attention variant 1 == variant 0 {}", what), outs[2], outs[1]);
+  bits_equal(fmt::format("attention default == variant {} {}", mma_default ? 2 : 0, what), outs[0],
+             mma_default ? outs[3] : outs[1]);
+  if (!mma_shape) bits_equal(fmt::format("attention variant 2 == variant 0 {} (no mma shape)", what), outs[3], outs[1]);
 }
 
 TEST(CudaOps, Attention) {

@@ -9,7 +9,11 @@
 // the bandwidth) and at 32768 keys 926 us (bench/RESULTS.md, round 10). Here the work grows with the
 // context: 32 segments per row, and the partials of a row are merged by a second kernel.
 //
-// Arithmetic of one (row, head): a function of the row's range [lo, hi) and its data only, never of M,
+// Two arithmetic families: the fp32 FMA kernel below (variants 0 and 1, same bits; every head dim that is a
+// multiple of 4 up to kSegMaxHeadDim) and the tensor-core kernel (variant 2, attention_segment_mma_kernel:
+// 3xTF32, head dims 128 and 256; the default at 256). Which one runs depends on the head shape only.
+//
+// Arithmetic of one (row, head) in the FMA kernel: a function of the row's range [lo, hi) and its data only, never of M,
 // of the other rows or of which CTA does what (so a verify row has the bits of the same row decoded
 // alone; test_cuda's M-row == 1-row checks):
 //   * keys go in tiles of 32 at absolute positions (tile t = keys 32t .. 32t + 31). The row's tiles
@@ -43,6 +47,7 @@
 #include "ops/cuda/chunk_rotation.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/tf32_mma.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -486,6 +491,315 @@ __global__ void __launch_bounds__(kSegThreads, kVariant == 1 ? 2 : 1) attention_
   }
 }
 
+// ---- variant 2: scores and P . V on the tensor cores (3xTF32) ----------------------------------------
+//
+// Why. The 8-row verify's lane-score kernel at 32768 keys spends 366 us per layer against the one-row
+// decode's 102 us for the same K / V read: it is bound by its fp32 FMA and shared-memory instructions
+// (5.8x the one-row kernel's, S25-9), not by the read. Here both products run on mma.m16n8k8 tf32 with
+// each operand split into tf32 hi + lo parts (three mma per product: lo . hi, hi . lo, hi . hi), which
+// keeps fp32-like accuracy (the attention bound against the CPU is 1e-10 NMSE) at ~1/10 of the
+// instructions (S26-2: 279 vs 367 us at 32768 keys, 8 rows; 49 vs 60 us at 4096).
+//
+// Arithmetic of one (row, head), a function of the row's range and its data only (every M, row group and
+// n-tile position gives the same bits; an mma output element depends on its own row, column and
+// accumulator only, and adding a product of p = 0 leaves an accumulator's bits alone):
+//   * tiles and segments as above;
+//   * score of (key, query): S^T = K . Q^T over the head dim cut into 8 slices of 8 KS dims (KS k-steps
+//     of 8); per slice an accumulator from 0 over its k-steps in order, each k-step mma_3xtf32; the 8
+//     slice sums added left to right; times scale;
+//   * the online softmax per tile as above (p = 0 for keys outside the row's segment);
+//   * O^T += V^T . P^T per tile: every output element's accumulator first times the row's corr (a tile
+//     without the row's keys: corr 1, p 0), then the tile's 4 k-steps of 8 keys in order, mma_3xtf32 each;
+//   * the merge as above.
+// Keys of a tile outside the item's union [kmin, kmax) have V zeroed in shared memory (a p of 0 times
+// stale shared memory could be NaN); their K rows are stale, their scores masked.
+//
+// Work layout: 8 warps; warp w owns the dims [8 KS w, 8 KS (w + 1)): the score slice w (2 m-tiles of 16
+// keys x nt n-tiles of 8 queries, partials through shared memory: the K stage just read holds them after
+// a barrier) and the P . V rows of those dims (KS / 2 m-tiles of 16 dims x nt n-tiles, accumulators in
+// registers across the segment's tiles). Q^T's fragments of the warp's slice stay in registers for the
+// whole item. K and V of two tiles in flight. Shared rows are padded so that every fragment read and
+// partial store is conflict-free: K rows D + 4 floats (lanes read key g, dim t), V rows D + 8 (key t,
+// dim g), score and p rows 36 (query 2t / g, key g / t). 138 KB of shared memory at head dim 256: one CTA
+// per SM. Measured and not kept (S26-2, S26-3): a third K / V stage (the same times), 16 warps with Q^T
+// read from shared memory per tile (slower: 316 vs 279 us at 32768 keys, 8 rows).
+//
+// Where it runs: head dim 256 (the 27B target). At 128 (the 27B drafter's block) the FMA kernel is faster
+// (S26-2: 50 vs 60 us at 4096 keys), so the rule keeps it there; variant 2 forces this kernel at 128 too.
+constexpr int kMmaNt = kSegMaxQ / 8;  // n-tiles of 8 queries per item, at most
+
+template <int KS>
+struct MmaSmem {
+  static constexpr int kD = 64 * KS;
+  static constexpr int kKst = kD + 4;
+  static constexpr int kVst = kD + 8;
+  static constexpr int kSst = 36;
+  static constexpr int kSpFloats = 8 * kSegMaxQ * kSst;      // slice partials [8][kSegMaxQ][kSst]
+  // the partials go in the K stage just read (after a barrier) where they fit (head dim 256)
+  static constexpr bool kSpInK = kSpFloats <= kSegTile * kKst;
+  static constexpr int kK = 0;                                // [2][kSegTile][kKst]
+  static constexpr int kV = kK + 2 * kSegTile * kKst;         // [2][kSegTile][kVst]
+  static constexpr int kSp = kV + 2 * kSegTile * kVst;        // (unless kSpInK)
+  static constexpr int kP = kSp + (kSpInK ? 0 : kSpFloats);   // p [kSegMaxQ][kSst]
+  static constexpr int kCorr = kP + kSegMaxQ * kSst;          // corr [kSegMaxQ]
+  static constexpr int kInts = kCorr + kSegMaxQ;              // ints: upd [kSegMaxQ]; ranges [2 kSegMaxM]
+  static constexpr int kFloats = kInts + kSegMaxQ + 2 * kSegMaxM;
+  static constexpr size_t kBytes = sizeof(float) * kFloats;
+};
+
+template <int KS>
+__global__ void __launch_bounds__(kSegThreads, 1) attention_segment_mma_kernel(const SegArgs a) {
+  static_assert(KS % 2 == 0, "P . V m-tiles of 16 dims per warp");
+  using L = MmaSmem<KS>;
+  constexpr int kD = L::kD;
+  constexpr int kPvT = KS / 2;  // P . V m-tiles per warp
+  extern __shared__ __align__(16) float sm[];
+  float* ks = sm + L::kK;
+  float* vs = sm + L::kV;
+  float* ps = sm + L::kP;
+  float* corr = sm + L::kCorr;
+  int* upd_s = reinterpret_cast<int*>(sm + L::kInts);
+  int* rng = upd_s + kSegMaxQ;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+  const int d0 = 8 * KS * warp;  // the warp's dims
+  pdl_wait();
+  for (int i = tid; i < 2 * a.M; i += kSegThreads) rng[i] = a.kv_range[i];
+  __syncthreads();
+
+  const int row_groups = static_cast<int>((a.M + a.rows - 1) / a.rows);
+  const int kv_items = static_cast<int>(a.n_heads / a.group) * a.hchunks;
+  const int items = row_groups * kSegs * kv_items;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int rg = item % row_groups, rest = item / row_groups;
+    const int kvi = rest % kv_items, z = rest / kv_items;
+    const int kvh = kvi / a.hchunks, hchunk = kvi % a.hchunks;
+    const int h0 = kvh * a.group + hchunk * a.hc;
+    const int hc = min(a.hc, a.group - hchunk * a.hc);
+    const int m0 = rg * a.rows;
+    const int rows = min(a.rows, static_cast<int>(a.M) - m0);
+    const int nq = rows * hc, nt = (nq + 7) / 8;
+    int kmin = 0x7fffffff, kmax = 0;
+    for (int r = 0; r < rows; ++r) {
+      int ka, kb;
+      segment_keys(rng[2 * (m0 + r)], rng[2 * (m0 + r) + 1], z, ka, kb);
+      if (ka < kb) {
+        kmin = min(kmin, ka);
+        kmax = max(kmax, kb);
+      }
+    }
+    if (kmin >= kmax) continue;
+    const int ta = kmin / kSegTile, tb = (kmax + kSegTile - 1) / kSegTile;
+
+    const float* kbase = a.k + static_cast<int64_t>(kvh) * kD;
+    const float* vbase = a.v + static_cast<int64_t>(kvh) * kD;
+    auto load_tile = [&](int t, int st) {  // warp per key, lane per chunk; V outside [kmin, kmax) zeroed
+      const int k0 = max(t * kSegTile, kmin), k1 = min(t * kSegTile + kSegTile, kmax);
+      for (int j = warp; j < kSegTile; j += kSegThreads / 32) {
+        const int key = t * kSegTile + j;
+        float* kd = ks + (st * kSegTile + j) * L::kKst;
+        float* vd = vs + (st * kSegTile + j) * L::kVst;
+        if (key >= k0 && key < k1) {
+          const float* kg = kbase + key * a.kv_stride;
+          const float* vg = vbase + key * a.kv_stride;
+#pragma unroll
+          for (int c = lane; c < kD / 4; c += 32) {
+            cp_async16(kd + 4 * c, kg + 4 * c);
+            cp_async16(vd + 4 * c, vg + 4 * c);
+          }
+        } else {
+#pragma unroll
+          for (int c = lane; c < kD / 4; c += 32)
+            *reinterpret_cast<float4*>(vd + 4 * c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+      }
+    };
+    auto query_keys = [&](int q, int& ka, int& kb) {
+      const int r = m0 + q / hc;
+      segment_keys(rng[2 * r], rng[2 * r + 1], z, ka, kb);
+    };
+    load_tile(ta, 0);
+    cp_async_commit();
+
+    // Q^T fragments of the warp's slice (B of the scores): query 8 j + g, dims d0 + 8 s + t4 and + 4
+    uint32_t qh[KS][kMmaNt][2], ql[KS][kMmaNt][2];
+#pragma unroll
+    for (int j = 0; j < kMmaNt; ++j) {
+      const int q = 8 * j + g;
+      const float* qr = nullptr;
+      if (q < nq) qr = a.q + ((static_cast<int64_t>(m0) + q / hc) * a.n_heads + h0 + q % hc) * kD + d0 + t4;
+#pragma unroll
+      for (int s = 0; s < KS; ++s) {
+        split_tf32(qr ? qr[8 * s] : 0.0f, qh[s][j][0], ql[s][j][0]);
+        split_tf32(qr ? qr[8 * s + 4] : 0.0f, qh[s][j][1], ql[s][j][1]);
+      }
+    }
+    // p rows of the padding queries [nq, 8 nt) stay 0 for the item (the softmax writes rows < nq only)
+    for (int i = tid; i < (8 * nt - nq) * kSegTile; i += kSegThreads) ps[(nq + i / kSegTile) * L::kSst + i % kSegTile] = 0.0f;
+
+    float m_run[kSoftQ], l_run[kSoftQ];
+#pragma unroll
+    for (int i = 0; i < kSoftQ; ++i) m_run[i] = -INFINITY, l_run[i] = 0.0f;
+    float acc[kPvT][kMmaNt][4];  // O^T: dims d0 + 16 i + g (+ 8), queries 8 j + 2 t4 (+ 1)
+#pragma unroll
+    for (int i = 0; i < kPvT; ++i)
+#pragma unroll
+      for (int j = 0; j < kMmaNt; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+
+    for (int t = ta; t < tb; ++t) {
+      const int st = (t - ta) & 1;
+      if (t + 1 < tb) load_tile(t + 1, st ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();  // tile t has landed
+      __syncthreads();
+      float* sp = L::kSpInK ? ks + st * kSegTile * L::kKst : sm + L::kSp;
+
+      // ---- scores: slice `warp` of S^T = K . Q^T for keys 16 mt + g (+ 8), queries 8 j + 2 t4 (+ 1)
+      {
+        float sc[2][kMmaNt][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int j = 0; j < kMmaNt; ++j) sc[mt][j][0] = sc[mt][j][1] = sc[mt][j][2] = sc[mt][j][3] = 0.0f;
+        const float* kb = ks + (st * kSegTile + g) * L::kKst + d0 + t4;
+#pragma unroll
+        for (int s = 0; s < KS; ++s)
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            const float* kr = kb + 16 * mt * L::kKst + 8 * s;
+            uint32_t ah[4], al[4];
+            split_tf32(kr[0], ah[0], al[0]);
+            split_tf32(kr[8 * L::kKst], ah[1], al[1]);
+            split_tf32(kr[4], ah[2], al[2]);
+            split_tf32(kr[8 * L::kKst + 4], ah[3], al[3]);
+#pragma unroll
+            for (int j = 0; j < kMmaNt; ++j)
+              if (j < nt) mma_3xtf32(sc[mt][j], ah, al, qh[s][j], ql[s][j]);
+          }
+        if (L::kSpInK) __syncthreads();  // every warp is done with K(t): the partials overwrite it
+        float* spw = sp + warp * kSegMaxQ * L::kSst;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int j = 0; j < kMmaNt; ++j) {
+            if (j >= nt) continue;
+            float* o = spw + (8 * j + 2 * t4) * L::kSst + 16 * mt + g;
+            o[0] = sc[mt][j][0];
+            o[L::kSst] = sc[mt][j][1];
+            o[8] = sc[mt][j][2];
+            o[L::kSst + 8] = sc[mt][j][3];
+          }
+      }
+      __syncthreads();
+
+      // ---- softmax: warp per query (warp, warp + 8, ...), lane = key
+#pragma unroll
+      for (int qi = 0; qi < kSoftQ; ++qi) {
+        const int q = warp + 8 * qi;
+        if (q >= nq) break;
+        int ka, kb;
+        query_keys(q, ka, kb);
+        const int key = t * kSegTile + lane;
+        const bool valid = key >= ka && key < kb;
+        float s = sp[q * L::kSst + lane];
+#pragma unroll
+        for (int w = 1; w < 8; ++w) s = __fadd_rn(s, sp[(w * kSegMaxQ + q) * L::kSst + lane]);
+        s = valid ? __fmul_rn(s, a.scale) : -INFINITY;
+        const float tmax = warp_max(s);
+        if (tmax == -INFINITY) {  // no key of this row in the tile: p = 0, the state unchanged
+          ps[q * L::kSst + lane] = 0.0f;
+          if (lane == 0) upd_s[q] = 0;
+          continue;
+        }
+        const float mn = fmaxf(m_run[qi], tmax);
+        const float c = expf(m_run[qi] - mn);
+        const float p = valid ? expf(s - mn) : 0.0f;
+        const float sum = warp_sum(p);
+        l_run[qi] = __fadd_rn(__fmul_rn(l_run[qi], c), sum);
+        m_run[qi] = mn;
+        ps[q * L::kSst + lane] = p;
+        if (lane == 0) {
+          upd_s[q] = 1;
+          corr[q] = c;
+        }
+      }
+      __syncthreads();
+
+      // ---- P . V: O^T += V^T . P^T for the warp's dims
+      {
+#pragma unroll
+        for (int j = 0; j < kMmaNt; ++j) {
+          if (j >= nt) continue;
+          const int q = 8 * j + 2 * t4;
+          const float c0 = q < nq && upd_s[q] ? corr[q] : 1.0f;
+          const float c1 = q + 1 < nq && upd_s[q + 1] ? corr[q + 1] : 1.0f;
+#pragma unroll
+          for (int i = 0; i < kPvT; ++i) {
+            acc[i][j][0] = __fmul_rn(acc[i][j][0], c0);
+            acc[i][j][1] = __fmul_rn(acc[i][j][1], c1);
+            acc[i][j][2] = __fmul_rn(acc[i][j][2], c0);
+            acc[i][j][3] = __fmul_rn(acc[i][j][3], c1);
+          }
+        }
+        const float* vb = vs + (st * kSegTile + t4) * L::kVst + d0 + g;
+#pragma unroll
+        for (int s = 0; s < kSegTile / 8; ++s) {
+          uint32_t bh[kMmaNt][2], bl[kMmaNt][2];  // P^T: key 8 s + t4 (+ 4), query 8 j + g
+#pragma unroll
+          for (int j = 0; j < kMmaNt; ++j) {
+            if (j >= nt) continue;
+            const float* pr = ps + (8 * j + g) * L::kSst + 8 * s + t4;
+            split_tf32(pr[0], bh[j][0], bl[j][0]);
+            split_tf32(pr[4], bh[j][1], bl[j][1]);
+          }
+#pragma unroll
+          for (int i = 0; i < kPvT; ++i) {
+            const float* vr = vb + 8 * s * L::kVst + 16 * i;  // V^T: dim g (+ 8), key t4 (+ 4)
+            uint32_t ah[4], al[4];
+            split_tf32(vr[0], ah[0], al[0]);
+            split_tf32(vr[8], ah[1], al[1]);
+            split_tf32(vr[4 * L::kVst], ah[2], al[2]);
+            split_tf32(vr[4 * L::kVst + 8], ah[3], al[3]);
+#pragma unroll
+            for (int j = 0; j < kMmaNt; ++j)
+              if (j < nt) mma_3xtf32(acc[i][j], ah, al, bh[j], bl[j]);
+          }
+        }
+      }
+      __syncthreads();  // the next tile's copies (and the next item's p padding) overwrite what was read here
+    }
+
+    // ---- partials of the rows with keys in this segment
+#pragma unroll
+    for (int qi = 0; qi < kSoftQ; ++qi) {
+      const int q = warp + 8 * qi;
+      if (q >= nq || lane != 0) continue;
+      int ka, kb;
+      query_keys(q, ka, kb);
+      if (ka >= kb) continue;
+      const int64_t idx = ((m0 + q / hc) * a.n_heads + h0 + q % hc) * kSegs + z;
+      a.part_ml[2 * idx] = m_run[qi];
+      a.part_ml[2 * idx + 1] = l_run[qi];
+    }
+#pragma unroll
+    for (int j = 0; j < kMmaNt; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int q = 8 * j + 2 * t4 + e;
+        if (j >= nt || q >= nq) continue;
+        int ka, kb;
+        query_keys(q, ka, kb);
+        if (ka >= kb) continue;
+        float* o = a.part_acc + (((m0 + q / hc) * a.n_heads + h0 + q % hc) * kSegs + z) * kD + d0 + g;
+#pragma unroll
+        for (int i = 0; i < kPvT; ++i) {
+          o[16 * i] = acc[i][j][e];
+          o[16 * i + 8] = acc[i][j][e + 2];
+        }
+      }
+  }
+}
+
 // The merged output of (row m, head h), float4 chunk c of the head dim. Every lane of the warp calls it
 // (shuffles); lanes past the head dim pass active = false and get zeros. Each lane reads the row's (m, l)
 // pairs one per lane (<= 32 segments), so the max is a butterfly and the weights are computed once per
@@ -571,7 +885,7 @@ __global__ void __launch_bounds__(kChainThreads) attention_merge_gate_kernel(con
 // DFLASH_CUDA_ATTN_VARIANT=0/1 (measurements); -1: launch_attention_segments' rule. The bits are the same.
 int g_variant_override = -1;
 int attn_variant_forced() {
-  static const int v = std::clamp(env_int("DFLASH_CUDA_ATTN_VARIANT", -1), -1, 1);
+  static const int v = std::clamp(env_int("DFLASH_CUDA_ATTN_VARIANT", -1), -1, 2);
   return g_variant_override >= 0 ? g_variant_override : v;
 }
 
@@ -596,6 +910,8 @@ int segment_ctas_per_sm() {
   return n;
 }
 
+void launch_merge(const SegArgs& a, const GateOut* gate, cudaStream_t s);
+
 // One launch of at most kSegMaxM rows: the segment kernel (at most `ctas` CTAs), then the merge (with
 // gate: the merge and the gated output chain, attention_merge_gate_kernel).
 template <int CPS, int kVar, int kQG>
@@ -604,6 +920,39 @@ void launch_segments_cps(const SegArgs& a, int64_t n_kv_heads, int ctas, const G
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(items, ctas));
   launch_pdl(attention_segment_kernel<CPS, kVar, kQG>, dim3(grid), dim3(kSegThreads), SegLayout<CPS, kVar>::kBytes, s,
              a);
+  launch_merge(a, gate, s);
+}
+
+// CTAs per SM of the mma kernel (head dim 64 KS), once.
+template <int KS>
+int segment_mma_ctas_per_sm() {
+  static const int n = [] {
+    if (cudaFuncSetAttribute(attention_segment_mma_kernel<KS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(MmaSmem<KS>::kBytes)) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_segment_mma_kernel<KS>, kSegThreads,
+                                                      MmaSmem<KS>::kBytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return per_sm;
+  }();
+  return n;
+}
+
+template <int KS>
+void launch_segments_mma(const SegArgs& a, int64_t n_kv_heads, int ctas, const GateOut* gate, cudaStream_t s) {
+  const int64_t items = (a.M + a.rows - 1) / a.rows * kSegs * n_kv_heads * a.hchunks;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(items, ctas));
+  launch_pdl(attention_segment_mma_kernel<KS>, dim3(grid), dim3(kSegThreads), MmaSmem<KS>::kBytes, s, a);
+  launch_merge(a, gate, s);
+}
+
+// The merge after a segment kernel (with gate: the merge and the gated output chain).
+void launch_merge(const SegArgs& a, const GateOut* gate, cudaStream_t s) {
   if (gate) {
     launch_pdl(attention_merge_gate_kernel,
                dim3(static_cast<unsigned>(a.n_heads * a.D / kChainChunk), static_cast<unsigned>(a.M)),
@@ -618,7 +967,7 @@ void launch_segments_cps(const SegArgs& a, int64_t n_kv_heads, int ctas, const G
 }  // namespace
 
 // Declared in cuda_backend.h (C++20, not for nvcc).
-void set_attention_segment_variant(int v) { g_variant_override = v >= 0 && v <= 1 ? v : -1; }
+void set_attention_segment_variant(int v) { g_variant_override = v >= 0 && v <= 2 ? v : -1; }
 
 size_t attention_segments_scratch_floats(int64_t M, int64_t n_heads, int64_t head_dim) {
   return static_cast<size_t>(std::min<int64_t>(M, kSegMaxM)) * n_heads * kSegs * (head_dim + 2);
@@ -678,8 +1027,17 @@ bool launch_segments(const float* q, const float* k, const float* v, const int32
   int per_sm = 0;
   // lane scores where the scores of an item keep all 8 warps busy and the single buffers double the CTAs
   // per SM (head dims above 128; the measurements above attention_segment_kernel)
+  // The tensor-core kernel (variant 2) for head dim 256 (128 when forced), whatever M (its bits differ from
+  // variants 0 and 1, so the choice may depend on the shape of a head only: a verify row keeps its decoded bits).
   const int forced = attn_variant_forced();
-  const int variant = forced >= 0 ? forced : (cps == 8 && a.rows * a.hc >= 16 ? 1 : 0);
+  // DFLASH_CUDA_ATTN_MMA=0 keeps the default on variants 0 / 1 (a switch for measurements).
+  static const bool mma_default = env_flag("DFLASH_CUDA_ATTN_MMA", true);
+  const bool mma_ok = a.D == 128 || a.D == 256;
+  if ((forced == 2 && mma_ok) || (forced < 0 && mma_default && a.D == 256)) {
+    if (a.D == 256) launch = launch_segments_mma<4>, per_sm = segment_mma_ctas_per_sm<4>();
+    if (a.D == 128) launch = launch_segments_mma<2>, per_sm = segment_mma_ctas_per_sm<2>();
+  }
+  const int variant = forced == 0 || forced == 1 ? forced : (cps == 8 && a.rows * a.hc >= 16 ? 1 : 0);
   // the P.V group of the launch's largest item: a kernel with only that loop for the shapes of the models
   // we run (27B decode, 27B verify, the 27B drafter's block), every loop otherwise
   const int qg = seg_query_group(a.d4, a.rows * a.hc, variant == 1, cps > 4 ? 8 : 4);
@@ -703,10 +1061,12 @@ bool launch_segments(const float* q, const float* k, const float* v, const int32
     else if (cps <= 4) launch = launch_segments_cps<4, kVar, 0>, per_sm = segment_ctas_per_sm<4, kVar, 0>();
     else launch = launch_segments_cps<8, kVar, 0>, per_sm = segment_ctas_per_sm<8, kVar, 0>();
   };
-  if (variant == 1)
-    pick(std::integral_constant<int, 1>{});
-  else
-    pick(std::integral_constant<int, 0>{});
+  if (launch == nullptr) {
+    if (variant == 1)
+      pick(std::integral_constant<int, 1>{});
+    else
+      pick(std::integral_constant<int, 0>{});
+  }
   const int ctas = per_sm * current_sm_count();
   if (ctas < 1) return false;
   // At most kSegMaxM rows per launch (the range table); the launches share the scratch in stream order.

@@ -57,8 +57,9 @@ int64_t gdn_input_launches(Backend& be);
 int64_t gated_attention_launches(Backend& be);
 
 // The decode / verify attention's segment kernel variant (attention_segments.cu: 0 slice-parallel scores,
-// 1 lane scores with single K / V buffers; both give the same bits): v = 0 or 1 makes later attention
-// calls take it, -1 restores the default (DFLASH_CUDA_ATTN_VARIANT, else a rule of the shape). For tests.
+// 1 lane scores with single K / V buffers, both fp32 FMA with the same bits; 2 scores and P . V on the
+// tensor cores in 3xTF32, head dims 128 and 256 only (the default at 256), other bits): v = 0, 1 or 2 makes later attention
+// calls take it, -1 restores the default (DFLASH_CUDA_ATTN_VARIANT, else a rule of the head shape). For tests.
 void set_attention_segment_variant(int v);
 
 // Event timing on the backend's stream: returns the median milliseconds of `iters` runs of fn()
