@@ -496,9 +496,10 @@ __global__ void __launch_bounds__(kSegThreads, kVariant == 1 ? 2 : 1) attention_
 // Why. The 8-row verify's lane-score kernel at 32768 keys spends 366 us per layer against the one-row
 // decode's 102 us for the same K / V read: it is bound by its fp32 FMA and shared-memory instructions
 // (5.8x the one-row kernel's, S25-9), not by the read. Here both products run on mma.m16n8k8 tf32 with
-// each operand split into tf32 hi + lo parts (three mma per product: lo . hi, hi . lo, hi . hi), which
-// keeps fp32-like accuracy (the attention bound against the CPU is 1e-10 NMSE) at ~1/10 of the
-// instructions (S26-2: 279 vs 367 us at 32768 keys, 8 rows; 49 vs 60 us at 4096).
+// each operand split into tf32 hi + lo parts (split_tf32; three mma per product: lo . hi, hi . lo,
+// hi . hi), which keeps fp32-like accuracy (the attention bound against the CPU is 1e-10 NMSE) with 0.37x
+// the instructions (ncu, 8 rows at 32768 keys: 80 M against 214 M) and 279 vs 367 us there, 49 vs 60 us
+// at 4096 keys (S26-2, S26-4).
 //
 // Arithmetic of one (row, head), a function of the row's range and its data only (every M, row group and
 // n-tile position gives the same bits; an mma output element depends on its own row, column and
