@@ -1026,18 +1026,20 @@ bool launch_segments(const float* q, const float* k, const float* v, const int32
   using Launch = void (*)(const SegArgs&, int64_t, int, const GateOut*, cudaStream_t);
   Launch launch = nullptr;
   int per_sm = 0;
-  // lane scores where the scores of an item keep all 8 warps busy and the single buffers double the CTAs
-  // per SM (head dims above 128; the measurements above attention_segment_kernel)
   // The tensor-core kernel (variant 2) for head dim 256 (128 when forced), whatever M (its bits differ from
-  // variants 0 and 1, so the choice may depend on the shape of a head only: a verify row keeps its decoded bits).
+  // variants 0 and 1, so the choice may depend on the shape of a head and the device only: a verify row
+  // keeps its decoded bits). A device whose CTA cannot hold its shared memory (per_sm 0) takes the FMA
+  // kernels. DFLASH_CUDA_ATTN_MMA=0 keeps head dim 256 on them too (a switch for measurements).
   const int forced = attn_variant_forced();
-  // DFLASH_CUDA_ATTN_MMA=0 keeps the default on variants 0 / 1 (a switch for measurements).
   static const bool mma_default = env_flag("DFLASH_CUDA_ATTN_MMA", true);
   const bool mma_ok = a.D == 128 || a.D == 256;
   if ((forced == 2 && mma_ok) || (forced < 0 && mma_default && a.D == 256)) {
     if (a.D == 256) launch = launch_segments_mma<4>, per_sm = segment_mma_ctas_per_sm<4>();
     if (a.D == 128) launch = launch_segments_mma<2>, per_sm = segment_mma_ctas_per_sm<2>();
+    if (per_sm < 1) launch = nullptr;
   }
+  // lane scores where the scores of an item keep all 8 warps busy and the single buffers double the CTAs
+  // per SM (head dims above 128; the measurements above attention_segment_kernel)
   const int variant = forced == 0 || forced == 1 ? forced : (cps == 8 && a.rows * a.hc >= 16 ? 1 : 0);
   // the P.V group of the launch's largest item: a kernel with only that loop for the shapes of the models
   // we run (27B decode, 27B verify, the 27B drafter's block), every loop otherwise
