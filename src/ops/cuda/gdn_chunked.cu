@@ -27,6 +27,7 @@
 // columns are never stored). Larger heads use the recurrence (the backend decides).
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/tf32_mma.cuh"
 
 namespace dflash::cuda {
 namespace {
@@ -36,23 +37,6 @@ constexpr int kThreads = 256;  // 8 warps per block, both kernels
 constexpr int kLA = kC + 4;    // row stride of the 64 x 64 tiles in shared memory
 
 // ---- 3xTF32 warp tiles ----------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  hi = to_tf32(x);
-  lo = to_tf32(x - __uint_as_float(hi));
-}
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // One warp: c[16 x 8*NT] += A[16 x K] . B[K x 8*NT] (K a multiple of 8), operands in shared memory.
 //   A(r, k) = TA ? A[k*lda + r] : A[r*lda + k], times ka[k] when SCALE_A (a diagonal on the right of A)
@@ -87,7 +71,7 @@ __device__ __forceinline__ void warp_mma(float (&c)[NT][4], const float* A, int 
     }
     uint32_t ah[4], al[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) split_tf32(af[e], ah[e], al[e]);
+    for (int e = 0; e < 4; ++e) split_tf32_rna(af[e], ah[e], al[e]);
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       if (n < n_active) {
@@ -100,8 +84,8 @@ __device__ __forceinline__ void warp_mma(float (&c)[NT][4], const float* A, int 
           b1 = B[(k0 + t + 4) * ldb + n * 8 + g];
         }
         uint32_t bh0, bl0, bh1, bl1;
-        split_tf32(b0, bh0, bl0);
-        split_tf32(b1, bh1, bl1);
+        split_tf32_rna(b0, bh0, bl0);
+        split_tf32_rna(b1, bh1, bl1);
         mma_tf32(c[n], al, bh0, bh1);  // small terms first
         mma_tf32(c[n], ah, bl0, bl1);
         mma_tf32(c[n], ah, bh0, bh1);

@@ -1,5 +1,5 @@
-// tf32 tensor-core helpers shared by the attention kernels (attention_prefill.cu: single tf32;
-// attention_segments.cu's mma variant: 3xTF32, fp32-accurate).
+// tf32 tensor-core helpers (attention_prefill.cu: single tf32; attention_segments.cu's mma variant and
+// gdn_chunked.cu: 3xTF32, fp32-like accuracy).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +20,12 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
 __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
   hi = __float_as_uint(x) & 0xffffe000u;
   lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
+// x = hi + lo with both parts rounded to nearest tf32 (two cvt.rna): gdn_chunked.cu's split (its bits).
+__device__ __forceinline__ void split_tf32_rna(float x, uint32_t& hi, uint32_t& lo) {
+  hi = to_tf32(x);
+  lo = to_tf32(x - __uint_as_float(hi));
 }
 
 // d += a . b, m16n8k8, tf32 inputs, fp32 accumulators. Fragments (g = lane / 4, t = lane % 4):
