@@ -53,6 +53,8 @@
 //                            depth for 5-8 rows, chosen at run time by DFLASH_CUDA_WIDE_STAGES_ALT=1)
 //   block_compute<R>(stage, mc, g, t, lc, acc)   one staged block: acc[i][jj] += the block's part of
 //                            (weight row g / g + 8 of tile i) x (activation row 2t / 2t + 1), jj as D.
+//   kFixedRows               whether launches of exactly 1 or 8 rows take the kernels built for that M
+//                            (mm_mma_kernel's kFixedM)
 //   kEpilogues               whether its kernels are also built with GDN's input side (kEpiGdnInput: the
 //                            alpha | beta split group's CTAs beside the tiles and the conv after the qkv
 //                            tiles' stores, Backend::gdn_input; the ternary format only).
@@ -331,7 +333,9 @@ __device__ __forceinline__ constexpr bool row_col_used(int jj) {
   return R != 1 || (jj & 1) == 0;
 }
 
-template <class F, int kStages, int R, int kEpi = kEpiNone>
+// kFixedM: the launch has exactly R activation rows (R = 1: every one-row launch; R = 8: the verify and
+// draft blocks), so M, mc and the row offsets are compile-time constants (fewer instructions per block).
+template <class F, int kStages, int R, int kEpi = kEpiNone, bool kFixedM = false>
 __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(const MmaArgs a) {
   // The ring stages are 128-byte aligned from the start of dynamic shared memory (stage_stride_for). A
   // static __shared__ variable here would come first and shift the ring off that alignment (S15-7: a build
@@ -353,8 +357,10 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
   const int tile0 = (blockIdx.x - cta_begin) * kTilesPerCta;
   const int nt_rows = min(kTilesPerCta, tiles - tile0) * 16;  // weight rows of this CTA (<= 64)
   const int ntile = nt_rows / 16;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kCols;
-  const int mc = a.M - m0 < kCols ? static_cast<int>(a.M - m0) : kCols;
+  static_assert(!kFixedM || R == 1 || R == kCols, "a fixed M is one row or one full row tile");
+  const int64_t M = kFixedM ? R : a.M;
+  const int64_t m0 = kFixedM ? 0 : static_cast<int64_t>(blockIdx.y) * kCols;
+  const int mc = kFixedM ? R : a.M - m0 < kCols ? static_cast<int>(a.M - m0) : kCols;
   const int z = blockIdx.z;
   const int b_lo = a.kb[z], b_hi = a.kb[z + 1];
   const int sb = a.stage_stride;
@@ -378,8 +384,8 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
     const int p = lane + 32 * q, i = min(p / kPer, ntile - 1);
     src.scales[q] = pt.scales + (static_cast<int64_t>(tile0 + i) * a.nblk + first) * F::kScaleBytes + (p % kPer) * 16;
   }
-  src.xq = a.xq + (static_cast<int64_t>(first) * a.M + m0) * kXqBytes + lane * 16;
-  src.meta = a.meta + (static_cast<int64_t>(first) * a.M + m0 + lane) * 4;
+  src.xq = a.xq + (static_cast<int64_t>(first) * M + m0) * kXqBytes + lane * 16;
+  src.meta = a.meta + (static_cast<int64_t>(first) * M + m0 + lane) * 4;
   // The first stages' weights do not depend on earlier kernels: their loads start before pdl_wait(),
   // while the previous kernel drains (they land in the first commit group).
   const uint64_t wpol = weights_l2_policy(a.weights_evict_first);
@@ -399,7 +405,7 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
   pdl_wait(a.signal);
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q) {
-    if (q < nj) issue_acts<F, R>(src, static_cast<int64_t>(q) * F::kWarps, static_cast<uint32_t>(a.M), mc, lane, ring + q * sb);
+    if (q < nj) issue_acts<F, R>(src, static_cast<int64_t>(q) * F::kWarps, static_cast<uint32_t>(M), mc, lane, ring + q * sb);
     cp_async_commit();
   }
   // Stage offsets of block j (cur) and of block j + kStages - 1 (nxt), stepped round the ring (no
@@ -414,7 +420,7 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
     const int jn = j + kStages - 1;
     if (jn < nj) {
       issue_weights<F>(src, static_cast<int64_t>(jn) * F::kWarps, lane, ring + nxt, wpol);
-      issue_acts<F, R>(src, static_cast<int64_t>(jn) * F::kWarps, static_cast<uint32_t>(a.M), mc, lane, ring + nxt);
+      issue_acts<F, R>(src, static_cast<int64_t>(jn) * F::kWarps, static_cast<uint32_t>(M), mc, lane, ring + nxt);
     }
     cp_async_commit();
     cur = cur + sb == ring_bytes ? 0 : cur + sb;
@@ -480,7 +486,7 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
       __syncthreads();
       if (threadIdx.x < 64)
         gdn_conv_channel<4>(static_cast<int64_t>(tile0) * 16 + threadIdx.x, pt.y, a.conv_state, a.conv_before,
-                            a.conv_w, a.conv_y, a.M, pt.N, 4);
+                            a.conv_w, a.conv_y, M, pt.N, 4);
     }
   }
 }
@@ -546,6 +552,15 @@ inline bool mma_one_row_map() {
   return v;
 }
 
+// The kernels with M fixed at 1 or 8 rows (mm_mma_kernel's kFixedM) for launches of exactly that many;
+// DFLASH_CUDA_MM_FIXED_M=0 takes the general ones, for comparison. Scheduling only: the bits are the same.
+// H200, 27B PTQ1_0 pair, alternating (round 27, S27-7): decode 3.46 / 3.46 vs 3.50 / 3.50 ms, verify 5.29 /
+// 5.32 vs 5.50 / 5.47, draft 0.924 / 0.931 vs 0.934 / 0.938; the 8-row lm_head alone 123.9 vs 130.5 us.
+inline bool mma_fixed_m() {
+  static const bool v = env_flag("DFLASH_CUDA_MM_FIXED_M", true);
+  return v;
+}
+
 // Ring stages start on 128-byte boundaries: a stage of 7 or 1 activation rows (4976 / 2576 bytes for
 // PTQ1_0) otherwise starts mid-line, and every 512-byte cp.async of its weight codes costs ~10 shared
 // wavefronts instead of 4 (ncu, ffn_up alone at 7 rows: 50 % of the shared wavefronts excessive, 25.95
@@ -601,9 +616,21 @@ void launch_mma_kernel(const MmaArgs& a, int mc, dim3 grid, dim3 cluster, cudaSt
     setup(mm_mma_kernel<F, SN, 4, kEpi>, F::kWarps * SN * ring_stride<F>(4));
     setup(mm_mma_kernel<F, SW, 8, kEpi>, F::kWarps * SW * ring_stride<F>(kCols));
     if constexpr (SW2 != SW) setup(mm_mma_kernel<F, SW2, 8, kEpi>, F::kWarps * SW2 * ring_stride<F>(kCols));
+    if constexpr (F::kFixedRows) {
+      setup(mm_mma_kernel<F, S1, 1, kEpi, true>, F::kWarps * S1 * ring_stride<F>(1));
+      setup(mm_mma_kernel<F, SW, 8, kEpi, true>, F::kWarps * SW * ring_stride<F>(kCols));
+    }
     attr_set = true;
   }
   const int sb = a.stage_stride, r = mma_rows_of(mc);
+  if constexpr (F::kFixedRows) {
+    if (mma_fixed_m() && r == 1 && a.M == 1 && (S1 == SN || mma_one_row_ring()))
+      return (void)launch_ex(mm_mma_kernel<F, S1, 1, kEpi, true>, grid, block, F::kWarps * S1 * sb, s, cluster,
+                             pdl_enabled(), a);
+    if (mma_fixed_m() && r == 8 && a.M == kCols && !(SW2 != SW && mma_wide_alt()))
+      return (void)launch_ex(mm_mma_kernel<F, SW, 8, kEpi, true>, grid, block, F::kWarps * SW * sb, s, cluster,
+                             pdl_enabled(), a);
+  }
   if (r == 1 && (S1 == SN || mma_one_row_ring()))
     (void)launch_ex(mm_mma_kernel<F, S1, 1, kEpi>, grid, block, F::kWarps * S1 * sb, s, cluster, pdl_enabled(), a);
   else if (r == 1)
