@@ -623,26 +623,28 @@ void launch_mma_kernel(const MmaArgs& a, int mc, dim3 grid, dim3 cluster, cudaSt
     attr_set = true;
   }
   const int sb = a.stage_stride, r = mma_rows_of(mc);
-  if constexpr (F::kFixedRows) {
-    if (mma_fixed_m() && r == 1 && a.M == 1 && (S1 == SN || mma_one_row_ring()))
-      return (void)launch_ex(mm_mma_kernel<F, S1, 1, kEpi, true>, grid, block, F::kWarps * S1 * sb, s, cluster,
-                             pdl_enabled(), a);
-    if (mma_fixed_m() && r == 8 && a.M == kCols && !(SW2 != SW && mma_wide_alt()))
-      return (void)launch_ex(mm_mma_kernel<F, SW, 8, kEpi, true>, grid, block, F::kWarps * SW * sb, s, cluster,
-                             pdl_enabled(), a);
+  const auto go = [&](auto kernel, int stages) {
+    (void)launch_ex(kernel, grid, block, F::kWarps * stages * sb, s, cluster, pdl_enabled(), a);
+  };
+  // Exactly r rows (r = 1 or 8): the kernels built for that M, where the format has them.
+  const bool fixed = F::kFixedRows && mma_fixed_m() && a.M == r;
+  if (r == 1 && (S1 == SN || mma_one_row_ring())) {
+    if constexpr (F::kFixedRows)
+      if (fixed) return go(mm_mma_kernel<F, S1, 1, kEpi, true>, S1);
+    go(mm_mma_kernel<F, S1, 1, kEpi>, S1);
+  } else if (r == 1) {
+    go(mm_mma_kernel<F, SN, 1, kEpi>, SN);
+  } else if (r == 2) {
+    go(mm_mma_kernel<F, SN, 2, kEpi>, SN);
+  } else if (r == 4) {
+    go(mm_mma_kernel<F, SN, 4, kEpi>, SN);
+  } else if (SW2 != SW && mma_wide_alt()) {
+    go(mm_mma_kernel<F, SW2, 8, kEpi>, SW2);
+  } else {
+    if constexpr (F::kFixedRows)
+      if (fixed) return go(mm_mma_kernel<F, SW, 8, kEpi, true>, SW);
+    go(mm_mma_kernel<F, SW, 8, kEpi>, SW);
   }
-  if (r == 1 && (S1 == SN || mma_one_row_ring()))
-    (void)launch_ex(mm_mma_kernel<F, S1, 1, kEpi>, grid, block, F::kWarps * S1 * sb, s, cluster, pdl_enabled(), a);
-  else if (r == 1)
-    (void)launch_ex(mm_mma_kernel<F, SN, 1, kEpi>, grid, block, F::kWarps * SN * sb, s, cluster, pdl_enabled(), a);
-  else if (r == 2)
-    (void)launch_ex(mm_mma_kernel<F, SN, 2, kEpi>, grid, block, F::kWarps * SN * sb, s, cluster, pdl_enabled(), a);
-  else if (r == 4)
-    (void)launch_ex(mm_mma_kernel<F, SN, 4, kEpi>, grid, block, F::kWarps * SN * sb, s, cluster, pdl_enabled(), a);
-  else if (SW2 != SW && mma_wide_alt())
-    (void)launch_ex(mm_mma_kernel<F, SW2, 8, kEpi>, grid, block, F::kWarps * SW2 * sb, s, cluster, pdl_enabled(), a);
-  else
-    (void)launch_ex(mm_mma_kernel<F, SW, 8, kEpi>, grid, block, F::kWarps * SW * sb, s, cluster, pdl_enabled(), a);
 }
 
 // GDN's input side in the projections' launch (launch_mma_group's gdn): the split group of BF16 alpha |
