@@ -135,7 +135,6 @@ __device__ __forceinline__ float planes_value(int X0, int X1, int X2) {
 
 struct Q4kFmt {
   static constexpr bool kEpilogues = false;
-  static constexpr bool kFixedRows = true;
   static constexpr int kCodeBytes = 1024, kScaleBytes = 192;
   // Rings: 2 stages of 5.7 KB (decode) / 8.1 KB (8 rows) per warp; 3 CTAs per SM.
   static constexpr int kWarps = 4, kMinBlocks = 3, kWave = 3;
@@ -203,10 +202,6 @@ struct Q4kFmt {
 
 struct Q6kFmt {
   static constexpr bool kEpilogues = false;
-  // Not with M fixed: that build of the Q6_K kernels stops with an illegal instruction on the H200
-  // (nvcc 13, sm_90a; every shape of bench_cuda_ops --matmul q6_k, round 27), not understood; the general
-  // kernels serve Q6_K.
-  static constexpr bool kFixedRows = false;
   static constexpr int kCodeBytes = 2048, kScaleBytes = 192;
   // Rings: 2 stages of 9.8 KB (decode) / 12.2 KB (8 rows) per warp; 2 CTAs per SM.
   static constexpr int kWarps = 4, kMinBlocks = 2, kWave = 2;

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Checks that every memory descriptor a kernel's SASS reads is written somewhere in that kernel.
+
+Usage: cuobjdump -sass BINARY... | python3 tools/sass_check_descriptors.py [--show NAME_PART]
+
+Why: on sm_90 every global access names a 64-bit uniform-register descriptor (`desc[URn]`); an L2 cache
+hint (`createpolicy` + `cp.async ... L2::cache_hint`) is carried in it. ptxas 13.x has been seen to drop
+the instructions that materialise such a descriptor while keeping the accesses that read it (the
+IST-DASLab/marlin issue 44 report; triton-lang/triton #11660): the kernel then traps with "illegal
+instruction" at the first LDGSTS. This project met it twice (round 27: Q6_K's fixed-row matmul build, a
+tile-group trial) before the cause was known. The check is static, so it runs on any build that
+cuobjdump can read (the GPU machine has cuobjdump; the build machine does not).
+
+For each function: the uniform registers written (the first operand of an instruction; a .64 / .128
+destination writes the following registers too) and those read as `desc[URn]`. A descriptor register
+with no write anywhere in the function is an error (exit status 1, one line per function and register).
+--show NAME_PART also prints, for the functions whose name contains it, the instructions that write the
+descriptor registers (what the cache policy compiled to).
+"""
+import argparse
+import re
+import sys
+
+FUNC = re.compile(r"\s*Function : (\S+)")
+# /*0070*/   @!P0 LDGSTS.E.BYPASS.LTC128B.128 [R5], desc[UR4][R2.64] ;
+INSN = re.compile(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)((?:\.[\w]+)*)\s*([^;]*);")
+DESC = re.compile(r"desc\[UR(\d+)\]")
+DEST_UR = re.compile(r"\s*UR(\d+)\b")
+
+
+def writes(opcode: str, mods: str, operands: str) -> list[int]:
+    m = DEST_UR.match(operands)
+    if not m:
+        return []
+    n = int(m.group(1))
+    width = 4 if ".128" in mods else 2 if ".64" in mods else 1
+    return list(range(n, n + width))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--show", default=None, help="print the descriptor writes of functions containing this")
+    args = ap.parse_args()
+
+    funcs: dict[str, dict] = {}
+    cur = None
+    for line in sys.stdin:
+        m = FUNC.match(line)
+        if m:
+            cur = funcs.setdefault(m.group(1), {"written": set(), "desc": {}, "insns": []})
+            continue
+        if cur is None:
+            continue
+        m = INSN.match(line)
+        if not m:
+            continue
+        opcode, mods, operands = m.group(1), m.group(2), m.group(3)
+        text = f"{opcode}{mods} {operands.strip()}"
+        for r in writes(opcode, mods, operands):
+            cur["written"].add(r)
+        cur["insns"].append((text, writes(opcode, mods, operands)))
+        for d in DESC.findall(operands):
+            cur["desc"].setdefault(int(d), 0)
+            cur["desc"][int(d)] += 1
+
+    if not funcs:
+        print("no functions in the input (is it cuobjdump -sass output?)", file=sys.stderr)
+        return 2
+    bad = 0
+    uses = 0
+    for name, f in funcs.items():
+        for r, n in sorted(f["desc"].items()):
+            uses += n
+            if r not in f["written"]:
+                bad += 1
+                print(f"UNDEFINED descriptor UR{r}: {n} accesses read it, nothing writes it, in {name}")
+        if args.show and args.show in name:
+            regs = set(f["desc"])
+            counts = ", ".join("UR%d x%d" % (r, f["desc"][r]) for r in sorted(regs))
+            print(f"{name}: descriptors {counts}")
+            for text, w in f["insns"]:
+                if regs & set(w):
+                    print(f"    {text}")
+    print(f"{len(funcs)} functions, {uses} descriptor reads, {bad} undefined descriptor registers")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
