@@ -14,6 +14,8 @@ cuobjdump can read (the GPU machine has cuobjdump; the build machine does not).
 For each function: the uniform registers written (the first operand of an instruction; a .64 / .128
 destination writes the following registers too) and those read as `desc[URn]`. A descriptor register
 with no write anywhere in the function is an error (exit status 1, one line per function and register).
+Any write counts (a register reused for another value too): the check finds descriptors that nothing
+materialises, the failure seen, not every wrong one; the GPU tests run the kernels for the rest.
 --show NAME_PART also prints, for the functions whose name contains it, the instructions that write the
 descriptor registers (what the cache policy compiled to).
 """
