@@ -4,12 +4,13 @@
 Usage: cuobjdump -sass BINARY... | python3 tools/sass_check_descriptors.py [--show NAME_PART]
 
 Why: on sm_90 every global access names a 64-bit uniform-register descriptor (`desc[URn]`); an L2 cache
-hint (`createpolicy` + `cp.async ... L2::cache_hint`) is carried in it. ptxas 13.x has been seen to drop
-the instructions that materialise such a descriptor while keeping the accesses that read it (the
-IST-DASLab/marlin issue 44 report; triton-lang/triton #11660): the kernel then traps with "illegal
-instruction" at the first LDGSTS. This project met it twice (round 27: Q6_K's fixed-row matmul build, a
-tile-group trial) before the cause was known. The check is static, so it runs on any build that
-cuobjdump can read (the GPU machine has cuobjdump; the build machine does not).
+hint (`cp.async ... L2::cache_hint`) is carried in it. ptxas 13.0 has been seen leaving such a descriptor
+register unwritten while keeping the accesses that read it; the kernel then traps with "illegal
+instruction" at the first copy. Here: Q6_K's fixed-row 8-row matmul build (rounds 27-28: UR1 read by 18
+copies, written nowhere, with the policy made by createpolicy in the kernel or taken from a parameter
+alike); the IST-DASLab/marlin issue 44 report describes the same with createpolicy. The check is static,
+so it covers every kernel of a build that cuobjdump can read (the GPU machine has cuobjdump; the build
+machine does not).
 
 For each function: the uniform registers written (the first operand of an instruction; a .64 / .128
 destination writes the following registers too) and those read as `desc[URn]`. A descriptor register
@@ -88,4 +89,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # piped into head
+        sys.exit(1)

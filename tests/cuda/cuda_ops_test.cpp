@@ -19,14 +19,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <thread>
 
 #include "cuda_test_util.h"
 #include "ops/cuda/cuda_backend.h"
-#include "ops/cuda/kernels.h"
 #include "quant/types.h"
 
 namespace dflash::cudatest {
@@ -53,21 +51,6 @@ void matmul_case(GgmlType t, int64_t in, int64_t out, const std::vector<int64_t>
 }
 
 // out = 96 takes the small-output (k-split) kernel, out = 600 the warp-per-rows one (matmul.cu).
-// The integer-mma matmuls' L2 cache policies are made once on the device (l2_policy.cu) and passed to the
-// kernels, not made by createpolicy in each kernel (ptxas 13.0 can drop that: kernels.h). A zero or a
-// repeated value would be a policy the copies cannot mean (the matmul tests then trap or lose the hint).
-TEST(CudaL2Policy, MadeOnTheDevice) {
-  REQUIRE_GPU();
-  (void)gpu();  // the backend's constructor makes them
-  ASSERT_EQ(cuda::init_l2_policies(), cudaSuccess);
-  const cuda::L2Policies& p = cuda::l2_policies();
-  EXPECT_NE(p.evict_first, 0u);
-  EXPECT_NE(p.evict_normal, 0u);
-  EXPECT_NE(p.evict_first, p.evict_normal);
-  std::printf("L2 policies: evict_first %016llx, evict_normal %016llx\n", static_cast<unsigned long long>(p.evict_first),
-              static_cast<unsigned long long>(p.evict_normal));
-}
-
 TEST(CudaMatmul, AllTypesSmall) {
   REQUIRE_GPU();
   uint32_t seed = 1;

@@ -68,8 +68,6 @@ class CudaBackend final : public Backend {
     desc_ = prop.name;
     num_sms_ = prop.multiProcessorCount;
     smem_optin_ = prop.sharedMemPerBlockOptin;
-    // The matmuls' L2 cache policies, made here: later, a step graph may be being captured.
-    DFLASH_CUDA_CALL(cuda::init_l2_policies());
     debug_ = cuda::env_flag("DFLASH_CUDA_DEBUG", false);
     // Graphs replay what was captured, so a fault would name no op: debug mode runs ops directly.
     graphs_ = cuda::env_flag("DFLASH_CUDA_GRAPHS", true) && !debug_;

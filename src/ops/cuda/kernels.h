@@ -20,22 +20,6 @@ int env_int(const char* name, int dflt);
 // Streaming multiprocessors of the current device (cuda_backend.cpp); 0 when the runtime cannot say.
 int current_sm_count();
 
-// ---- L2 cache policies (l2_policy.cu) ------------------------------------------------------------
-// The 64-bit L2 cache policies that `createpolicy.fractional.L2::evict_first` / `evict_normal` (fraction
-// 1.0) make on this device, made once by a one-thread kernel. Kernels that copy with `L2::cache_hint` take
-// them as parameters instead of running createpolicy themselves: ptxas 13.0 can drop a kernel's
-// createpolicy while keeping the copies that read its result, which then trap with "illegal instruction"
-// (seen in Q6_K's 8-row matmul build, round 27; tools/sass_check_descriptors.py finds such kernels).
-struct L2Policies {
-  uint64_t evict_first = 0;
-  uint64_t evict_normal = 0;
-};
-// Makes them on the current device (once per process; later calls return the first call's status).
-// CudaBackend's constructor calls it, so that no graph is being captured when it runs.
-cudaError_t init_l2_policies();
-// The policies (init_l2_policies() first if it has not run; zeros if it failed).
-const L2Policies& l2_policies();
-
 // ---- weight layouts (matmul.cu) -----------------------------------------------------------------
 // How a weight lives on the device.
 enum class Layout : int {

@@ -135,6 +135,7 @@ __device__ __forceinline__ float planes_value(int X0, int X1, int X2) {
 
 struct Q4kFmt {
   static constexpr bool kEpilogues = false;
+  static constexpr bool kFixedRows = true;
   static constexpr int kCodeBytes = 1024, kScaleBytes = 192;
   // Rings: 2 stages of 5.7 KB (decode) / 8.1 KB (8 rows) per warp; 3 CTAs per SM.
   static constexpr int kWarps = 4, kMinBlocks = 3, kWave = 3;
@@ -202,6 +203,12 @@ struct Q4kFmt {
 
 struct Q6kFmt {
   static constexpr bool kEpilogues = false;
+  // Not with M fixed: ptxas 13.0 miscompiles that build's 8-row kernel. Its SASS reads desc[UR1] in 18 of
+  // the weights' copies and never writes UR1, so it traps with "illegal instruction" (rounds 27-28; the
+  // same with the L2 policy taken from a kernel parameter instead of createpolicy, so not that
+  // instruction's fault). tools/sass_check_descriptors.py (run by gpu_test.sh) finds such kernels; the
+  // general kernels serve Q6_K.
+  static constexpr bool kFixedRows = false;
   static constexpr int kCodeBytes = 2048, kScaleBytes = 192;
   // Rings: 2 stages of 9.8 KB (decode) / 12.2 KB (8 rows) per warp; 2 CTAs per SM.
   static constexpr int kWarps = 4, kMinBlocks = 2, kWave = 2;

@@ -99,6 +99,7 @@ __global__ void to_ternary_mma_kernel(const uint8_t* __restrict__ src, uint32_t*
 struct TernaryFmt {
   static constexpr int kCodeBytes = 512, kScaleBytes = 32;
   static constexpr bool kEpilogues = true;  // GDN's input side in the projections' launch (launch_gdn_input)
+  static constexpr bool kFixedRows = true;
   // 4 warps: 8 per CTA (2 CTAs per SM, half the blocks per warp) made attn_qkv 10.0 -> 8.4 us alone but
   // the decode step 4.91 -> 5.28 ms and verify 9.1 -> 10.1 ms (S7-5).
   static constexpr int kWarps = 4;

@@ -53,6 +53,8 @@
 //                            depth for 5-8 rows, chosen at run time by DFLASH_CUDA_WIDE_STAGES_ALT=1)
 //   block_compute<R>(stage, mc, g, t, lc, acc)   one staged block: acc[i][jj] += the block's part of
 //                            (weight row g / g + 8 of tile i) x (activation row 2t / 2t + 1), jj as D.
+//   kFixedRows               whether launches of exactly 1 or 8 rows take the kernels built for that M
+//                            (mm_mma_kernel's kFixedM)
 //   kEpilogues               whether its kernels are also built with GDN's input side (kEpiGdnInput: the
 //                            alpha | beta split group's CTAs beside the tiles and the conv after the qkv
 //                            tiles' stores, Backend::gdn_input; the ternary format only).
@@ -136,9 +138,7 @@ struct MmaArgs {
   int kb[9];  // the k split's block boundaries: CTA z takes blocks kb[z] .. kb[z + 1] (no division on the device)
   int stage_stride;  // bytes from one ring stage to the next: ring_stride<F>(mc)
   bool signal;       // let the next kernel's CTAs launch once every CTA is past its wait (mma_signals)
-  // The L2 cache policy of the weights' copies (mma_weights_policy(): evict_first, or evict_normal). A
-  // parameter, not createpolicy in the kernel: ptxas can drop that (kernels.h, L2Policies).
-  uint64_t weights_policy;
+  bool weights_evict_first;  // the weights' copies ask L2 to evict them first (mma_weights_evict_first)
   // 0: the ks partial sums are added here (a cluster); else CTA z stores its partial sums as part z of
   // y, at y + z * part_stride (matmul_parts: the kernel that reads y adds the parts in split order).
   int64_t part_stride;
@@ -197,7 +197,17 @@ struct BlockSrc {
   const int32_t* meta;                   // row m0 + lane's meta of the block
 };
 
-// cp_async16 (L2 only) with an L2 cache policy (an L2Policies value).
+// The L2 policy of the weights' copies: evict_first when `first` (every weight byte is read once per
+// step, so a line of it need not outlive its copy), else evict_normal (what an unhinted copy gets).
+__device__ __forceinline__ uint64_t weights_l2_policy(bool first) {
+  uint64_t p;
+  if (first)
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+// cp_async16 (L2 only) with an L2 cache policy.
 __device__ __forceinline__ void cp_async16_policy(void* smem, const void* gmem, uint64_t policy) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "l"(policy)
@@ -378,7 +388,7 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
   src.meta = a.meta + (static_cast<int64_t>(first) * M + m0 + lane) * 4;
   // The first stages' weights do not depend on earlier kernels: their loads start before pdl_wait(),
   // while the previous kernel drains (they land in the first commit group).
-  const uint64_t wpol = a.weights_policy;
+  const uint64_t wpol = weights_l2_policy(a.weights_evict_first);
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q)
     if (q < nj) issue_weights<F>(src, static_cast<int64_t>(q) * F::kWarps, lane, ring + q * sb, wpol);
@@ -522,12 +532,10 @@ inline bool mma_signals(int64_t M) {
 // policy they evict everything else there between two uses: the activations, the residual and the
 // norm weights the small kernels read, and the kernels' code and parameters (ncu of the decode
 // attention and GDN kernels: instruction-fetch and constant-cache misses among their top stalls).
-// Copied as evict_first, they replace one another instead (every weight byte is read once per step, so
-// a line of it need not outlive its copy). DFLASH_CUDA_MM_EVICT_FIRST=0: evict_normal, what an unhinted
-// copy gets, for comparison.
-inline uint64_t mma_weights_policy() {
-  static const bool first = env_flag("DFLASH_CUDA_MM_EVICT_FIRST", true);
-  return first ? l2_policies().evict_first : l2_policies().evict_normal;
+// Copied as evict_first, they replace one another instead. DFLASH_CUDA_MM_EVICT_FIRST=0 for comparison.
+inline bool mma_weights_evict_first() {
+  static const bool v = env_flag("DFLASH_CUDA_MM_EVICT_FIRST", true);
+  return v;
 }
 
 // Ring depth at one activation row: F::kStagesOneRow, or F::kStagesNarrow with
@@ -608,18 +616,21 @@ void launch_mma_kernel(const MmaArgs& a, int mc, dim3 grid, dim3 cluster, cudaSt
     setup(mm_mma_kernel<F, SN, 4, kEpi>, F::kWarps * SN * ring_stride<F>(4));
     setup(mm_mma_kernel<F, SW, 8, kEpi>, F::kWarps * SW * ring_stride<F>(kCols));
     if constexpr (SW2 != SW) setup(mm_mma_kernel<F, SW2, 8, kEpi>, F::kWarps * SW2 * ring_stride<F>(kCols));
-    setup(mm_mma_kernel<F, S1, 1, kEpi, true>, F::kWarps * S1 * ring_stride<F>(1));
-    setup(mm_mma_kernel<F, SW, 8, kEpi, true>, F::kWarps * SW * ring_stride<F>(kCols));
+    if constexpr (F::kFixedRows) {
+      setup(mm_mma_kernel<F, S1, 1, kEpi, true>, F::kWarps * S1 * ring_stride<F>(1));
+      setup(mm_mma_kernel<F, SW, 8, kEpi, true>, F::kWarps * SW * ring_stride<F>(kCols));
+    }
     attr_set = true;
   }
   const int sb = a.stage_stride, r = mma_rows_of(mc);
   const auto go = [&](auto kernel, int stages) {
     (void)launch_ex(kernel, grid, block, F::kWarps * stages * sb, s, cluster, pdl_enabled(), a);
   };
-  // Exactly r rows (r = 1 or 8): the kernels built for that M.
-  const bool fixed = mma_fixed_m() && a.M == r;
+  // Exactly r rows (r = 1 or 8): the kernels built for that M, where the format has them.
+  const bool fixed = F::kFixedRows && mma_fixed_m() && a.M == r;
   if (r == 1 && (S1 == SN || mma_one_row_ring())) {
-    if (fixed) return go(mm_mma_kernel<F, S1, 1, kEpi, true>, S1);
+    if constexpr (F::kFixedRows)
+      if (fixed) return go(mm_mma_kernel<F, S1, 1, kEpi, true>, S1);
     go(mm_mma_kernel<F, S1, 1, kEpi>, S1);
   } else if (r == 1) {
     go(mm_mma_kernel<F, SN, 1, kEpi>, SN);
@@ -630,7 +641,8 @@ void launch_mma_kernel(const MmaArgs& a, int mc, dim3 grid, dim3 cluster, cudaSt
   } else if (SW2 != SW && mma_wide_alt()) {
     go(mm_mma_kernel<F, SW2, 8, kEpi>, SW2);
   } else {
-    if (fixed) return go(mm_mma_kernel<F, SW, 8, kEpi, true>, SW);
+    if constexpr (F::kFixedRows)
+      if (fixed) return go(mm_mma_kernel<F, SW, 8, kEpi, true>, SW);
     go(mm_mma_kernel<F, SW, 8, kEpi>, SW);
   }
 }
@@ -692,7 +704,7 @@ int launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const 
     const int mc = static_cast<int>(std::min<int64_t>(a.M, kCols));  // rows staged: the largest tile's
     a.stage_stride = ring_stride<F>(mc);
     a.signal = mma_signals(a.M);
-    a.weights_policy = mma_weights_policy();
+    a.weights_evict_first = mma_weights_evict_first();
     const dim3 cluster(1, 1, parts ? 1 : static_cast<unsigned>(a.ks));
     if constexpr (F::kEpilogues) {
       if (gdn) {
