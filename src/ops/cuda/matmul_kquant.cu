@@ -206,8 +206,8 @@ struct Q6kFmt {
   // Not with M fixed: ptxas 13.0 miscompiles that build's 8-row kernel. Its SASS reads desc[UR1] in 18 of
   // the weights' copies and never writes UR1, so it traps with "illegal instruction" (rounds 27-28; the
   // same with the L2 policy taken from a kernel parameter instead of createpolicy, so not that
-  // instruction's fault). tools/sass_check_descriptors.py (run by gpu_test.sh) finds such kernels; the
-  // general kernels serve Q6_K.
+  // instruction's fault; built without the L2 cache hint its SASS is clean, not run). The check
+  // tools/sass_check_descriptors.py (run by gpu_test.sh) finds such kernels; the general ones serve Q6_K.
   static constexpr bool kFixedRows = false;
   static constexpr int kCodeBytes = 2048, kScaleBytes = 192;
   // Rings: 2 stages of 9.8 KB (decode) / 12.2 KB (8 rows) per warp; 2 CTAs per SM.
