@@ -26,7 +26,7 @@
 #       default kernels, with the generic split kernel (DFLASH_CUDA_ATTN_SEGMENTS=0) and with each ';'-separated
 #       set of assignments in $ATTN_ENV (e.g. ATTN_ENV='DFLASH_CUDA_ATTN_ROWS=1'): $OUT/attention.md.
 #       With the tests (unless --no-test) every memory descriptor read in dflash's SASS is checked to be
-#       written in its kernel (tools/sass_check_descriptors.py: a ptxas bug drops the L2 cache policy's).
+#       written in its kernel (tools/sass_check_descriptors.py: ptxas 13.0 left one unwritten in Q6_K's fixed-row build).
 #       --sass NAME writes the opcode histogram of the kernels whose name contains NAME
 #       (tools/sass_opcodes.py; e.g. --sass mm_mma_kernel).
 #       --profile-step TYPE profiles one decode step of that 27B target with ncu and writes the
@@ -174,8 +174,8 @@ if [ $RUN_TEST = 1 ]; then
   ra=$?
   echo "test_cuda attention cases, DFLASH_CUDA_ATTN_SEGMENTS=0: exit $ra"
   [ $ra = 0 ] || rc=1
-  # Every memory descriptor the shipped kernels read must be written in them (a ptxas 13.x bug drops
-  # the cache policy's materialisation: tools/sass_check_descriptors.py); static, so checks every kernel.
+  # Every memory descriptor the shipped kernels read must be written in them (ptxas 13.0 left one
+  # unwritten in Q6_K's fixed-row build: tools/sass_check_descriptors.py); static, so checks every kernel.
   if command -v cuobjdump >/dev/null; then
     cuobjdump -sass "$G/dflash" | python3 tools/sass_check_descriptors.py >"$OUT/sass_descriptors.txt" 2>&1
     rs=$?

@@ -31,7 +31,7 @@ DESC = re.compile(r"desc\[UR(\d+)\]")
 DEST_UR = re.compile(r"\s*UR(\d+)\b")
 
 
-def writes(opcode: str, mods: str, operands: str) -> list[int]:
+def writes(mods: str, operands: str) -> list[int]:
     m = DEST_UR.match(operands)
     if not m:
         return []
@@ -50,7 +50,8 @@ def main() -> int:
     for line in sys.stdin:
         m = FUNC.match(line)
         if m:
-            cur = funcs.setdefault(m.group(1), {"written": set(), "desc": {}, "insns": []})
+            name = m.group(1)
+            cur = funcs.setdefault(name, {"written": set(), "desc": {}, "insns": []})
             continue
         if cur is None:
             continue
@@ -58,13 +59,12 @@ def main() -> int:
         if not m:
             continue
         opcode, mods, operands = m.group(1), m.group(2), m.group(3)
-        text = f"{opcode}{mods} {operands.strip()}"
-        for r in writes(opcode, mods, operands):
-            cur["written"].add(r)
-        cur["insns"].append((text, writes(opcode, mods, operands)))
+        w = writes(mods, operands)
+        cur["written"].update(w)
+        if w and args.show and args.show in name:  # kept only for --show
+            cur["insns"].append((f"{opcode}{mods} {operands.strip()}", w))
         for d in DESC.findall(operands):
-            cur["desc"].setdefault(int(d), 0)
-            cur["desc"][int(d)] += 1
+            cur["desc"][int(d)] = cur["desc"].get(int(d), 0) + 1
 
     if not funcs:
         print("no functions in the input (is it cuobjdump -sass output?)", file=sys.stderr)
