@@ -1,5 +1,5 @@
 // Matmul-input chains in one kernel: (residual add +) RMS norm, or SwiGLU, then the prism rotation
-// (1024-chunks; or none) and the integer matmuls' 24-bit activation quantization (mma_gemv.cuh's xq
+// (1024-chunks; or none) and the integer matmuls' activation quantization (mma_gemv.cuh's xq
 // records), so the next ternary / K-quant matmul skips its quantize launch (the backend's xq cache).
 // Without rotation the records quantize the norm (n) or SwiGLU (y) output itself: the DFlash drafter's
 // norms and SwiGLU, unrotated models.
@@ -20,7 +20,7 @@
 // lanes, then across warps through shared memory) and the 1/32
 // scale: the rotation's bits are exactly the hadamard op's (norm mode: of x * w, then times 1 / rms,
 // which rounds differently from rotating n: within the ops' bound of the CPU). Warp w then quantizes the
-// chunk's 128-block w as quantize_x24_kernel does (the same exponent, rounding and digit split): byte for
+// chunk's 128-block w as quantize_xq_kernel does (the same exponent, rounding and digit split): byte for
 // byte the same records. Nothing depends on the number of rows: a row's bits are the same alone or in a verify block.
 // Measured on the H200 (S7-2, 27B decode step): each chain kernel cost ~3 us of body on top of one more
 // kernel boundary (~1.4 us) with the earlier layout (strided elements, 10 shared-memory stages).
@@ -51,7 +51,7 @@ struct ChainArgs {
   const float* signs;  // null or [dim]
   float* y;            // the rotated row [rows, dim]; without rotation: swiglu's output, null for norm
   bool rotate;         // false: no rotation, the records quantize the norm / swiglu output itself
-  uint8_t* xq;         // [dim / 128][rows] records of 384 bytes, then meta [dim / 128][rows][4] (xq_record.cuh)
+  uint8_t* xq;         // [dim / 128][rows] records of kXqRecordBytes, then meta [dim / 128][rows][4] (xq_record.cuh)
   int32_t* meta;
   int64_t dim;
   float eps;

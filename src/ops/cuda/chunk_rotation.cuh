@@ -1,7 +1,7 @@
 // The tail every matmul-input chain shares (chain.cu's kernels, the gated attention output in
 // attention_segments.cu): the prism rotation of one 1024-chunk of a row held 4 elements per thread by a
 // CTA of 256 threads (thread t: elements 4t .. 4t + 3), then the 1/32 scale, the rotated row and the
-// integer matmuls' 24-bit activation records (xq_record.cuh).
+// integer matmuls' activation records (xq_record.cuh).
 //
 // The rotation: the signs, then the butterflies of prism::fwht (stage h = 1 .. 512, (a, b) -> (a + b,
 // a - b), lower index first): h = 1, 2 in registers, h = 4 .. 64 across the lanes (shuffles), h = 128 ..
@@ -83,7 +83,7 @@ __device__ __forceinline__ void chunk_rotate(float (&v)[4], const float (&sg)[4]
 
 // The chunk's output: v times 1/32 when rotated (exact; unrotated the values as they are), stored to y
 // (the row's chunk, null: not stored) and, with xq, quantized by warp w as block (chunk c0 / 128 + w) of
-// activation row r among `rows` (the records of quantize_x24_kernel, byte for byte).
+// activation row r among `rows` (the records of quantize_xq_kernel, byte for byte).
 __device__ __forceinline__ void chunk_store_quantize(const float (&v)[4], bool rotated, float* y, uint8_t* xq,
                                                      int32_t* meta, int64_t r, int64_t c0, int64_t rows, int tid,
                                                      int lane) {
@@ -93,7 +93,7 @@ __device__ __forceinline__ void chunk_store_quantize(const float (&v)[4], bool r
   if (y) st4(y + 4 * tid, e4);
   if (xq) {  // prefill leaves them out: the next matmul is the bf16 tensor-core GEMM, which reads y itself
     const int64_t blk = xq_record_index(r, c0 / 128 + (tid >> 5), rows);
-    warp_quantize_x24(e4, lane, r, xq + blk * kXqRecordBytes, meta + blk * 4);
+    warp_quantize_xq(e4, lane, r, xq + blk * kXqRecordBytes, meta + blk * 4);
   }
 }
 

@@ -5,22 +5,22 @@
 // Why. The block-format GEMV (matmul.cu, mm_blocks) dequantizes every weight to fp32 and spends one
 // fma per weight and activation row: at the 8-row draft block ~13 instructions per weight, 15x the
 // bandwidth floor on the H200 (ncu, S5 run 2: 3.8 of the draft step's 4.7 ms). Here the codes go
-// into mma.sync as bytes against the 24-bit activation digits: a weight costs ~0.1 instructions for
+// into mma.sync as bytes against the activation digits: a weight costs ~0.1 instructions for
 // any number of rows up to 8.
 //
-// Arithmetic (per weight row, activation row, block of 128 inputs; u the activation digits, 2^(E-16)
-// the activation block's scale, the 3 digit planes p kept apart until the end of the block):
+// Arithmetic (per weight row, activation row, block of 128 inputs; u the activation digits,
+// 2^(E-kXqShift) the activation block's scale, the digit planes p kept apart until the end of the block):
 //   Q4_K   w = d sc_j q - dmin m_j over sub-blocks j of 32 (q 4-bit, sc_j m_j 6-bit, d dmin fp16):
 //          P_p = sum_j sc_j sum_{k in j} q_k u_pk    (mma of the codes per j, then an integer multiply-add)
 //          N_p = sum_j m_j sum_{k in j} u_pk          (mma of m_j broadcast over the sub-block, chained)
-//          y += 2^(E-16) (d V(P) - dmin V(N)),  V(X) = 65536 X_0 + 256 X_1 + X_2 in fp32
+//          y += 2^(E-kXqShift) (d V(P) - dmin V(N)),  V(X) = 256 X_0 + X_1 in fp32 (2 planes; planes_value)
 //   Q6_K   w = d sc_i (q - 32) over sub-blocks i of 16 (q 6-bit, sc_i int8, d fp16): the codes are stored
 //          as the signed bytes q - 32, one mma.m16n8k16 per sub-block;
-//          P_p = sum_i sc_i sum_{k in i} (q_k - 32) u_pk,   y += 2^(E-16) d V(P)
+//          P_p = sum_i sc_i sum_{k in i} (q_k - 32) u_pk,   y += 2^(E-kXqShift) d V(P)
 // Every integer sum is exact (|P_p| < 2^27, |N_p| < 2^21) and order-free; the floats are rounded in a
 // fixed order per (weight row, activation row, block), the same for every M (rows are bit-identical
-// to single-row calls, tested). Against the CPU's fp32 dequantize-and-fma the difference is fp32
-// rounding (the activation quantization error is <= 2^-23 of a block's largest |x|).
+// to single-row calls, tested). Against the CPU's fp32 dequantize-and-fma the difference is the
+// activation quantization (<= 2^-14 of a block's largest |x| at 2 planes) and fp32 rounding.
 //
 // Layouts (Layout::kKQuantMma; rows padded to Np = 16 ceil(out / 16), pad rows all zero):
 //   Q4_K  codes [Np/16][nblk][16 rows r][4 t][4 words w]: byte e of word w holds q of k = 32 w + 4 t + e
@@ -128,16 +128,12 @@ __global__ void to_kquant_mma_kernel(const uint8_t* __restrict__ src, uint8_t* _
   }
 }
 
-// V(X) = 65536 X0 + 256 X1 + X2 in fp32: X0 * 65536 and X1 * 256 are exact, two roundings.
-__device__ __forceinline__ float planes_value(int X0, int X1, int X2) {
-  return __fmaf_rn(65536.0f, static_cast<float>(X0), __fmaf_rn(256.0f, static_cast<float>(X1), static_cast<float>(X2)));
-}
-
 struct Q4kFmt {
   static constexpr bool kEpilogues = false;
   static constexpr bool kFixedRows = true;
+  static constexpr bool kL2Hint = true;
   static constexpr int kCodeBytes = 1024, kScaleBytes = 192;
-  // Rings: 2 stages of 5.7 KB (decode) / 8.1 KB (8 rows) per warp; 3 CTAs per SM.
+  // Rings: 2 stages of 5.1 KB (decode) / 7.0 KB (8 rows) per warp (2 activation planes); 3 CTAs per SM.
   static constexpr int kWarps = 4, kMinBlocks = 3, kWave = 3;
   static constexpr int kStagesOneRow = 2, kStagesNarrow = 2, kStagesWide = 2, kStagesWideAlt = 2;
 
@@ -189,13 +185,13 @@ struct Q4kFmt {
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
         if (!row_col_used<R>(jj)) continue;
-        int P0, P1, P2, N0, N1, N2;
-        gather_planes<R>(P, jj, P0, P1, P2);
-        gather_planes<R>(N, jj, N0, N1, N2);
+        int Pp[kXqPlanes], Np[kXqPlanes];
+        gather_planes<R>(P, jj, Pp);
+        gather_planes<R>(N, jj, Np);
         const float s = sx[jj & 1];
         const float dd = __fmul_rn(jj < 2 ? dg : dg8, s), dn = __fmul_rn(jj < 2 ? ng : ng8, s);
-        acc[i][jj] = __fmaf_rn(dd, planes_value(P0, P1, P2), acc[i][jj]);
-        acc[i][jj] = __fmaf_rn(-dn, planes_value(N0, N1, N2), acc[i][jj]);
+        acc[i][jj] = __fmaf_rn(dd, planes_value(Pp), acc[i][jj]);
+        acc[i][jj] = __fmaf_rn(-dn, planes_value(Np), acc[i][jj]);
       }
     }
   }
@@ -203,14 +199,17 @@ struct Q4kFmt {
 
 struct Q6kFmt {
   static constexpr bool kEpilogues = false;
-  // Not with M fixed: ptxas 13.0 miscompiles that build's 8-row kernel. Its SASS reads desc[UR1] in 18 of
-  // the weights' copies and never writes UR1, so it traps with "illegal instruction" (rounds 27-28; the
-  // same with the L2 policy taken from a kernel parameter instead of createpolicy, so not that
-  // instruction's fault; built without the L2 cache hint its SASS is clean, not run). The check
-  // tools/sass_check_descriptors.py (run by gpu_test.sh) finds such kernels; the general ones serve Q6_K.
-  static constexpr bool kFixedRows = false;
+  // No L2 cache hint on the weights' copies: ptxas 13.0 miscompiles Q6_K's hinted kernels now and then.
+  // Their SASS reads the policy's descriptor register (desc[UR1]) in some of the weights' copies and never
+  // writes it, so they trap with "illegal instruction": the fixed-M 8-row build in rounds 27-28 (also with
+  // the policy taken from a kernel parameter instead of createpolicy), the general 2-row build once the
+  // activation records went to 2 planes (round 29). Without the hint there is no descriptor to lose
+  // (tools/sass_check_descriptors.py, run by gpu_test.sh, checks every kernel); Q6_K is only the drafter's,
+  // whose weights are a small part of the draft step's reads.
+  static constexpr bool kL2Hint = false;
+  static constexpr bool kFixedRows = true;
   static constexpr int kCodeBytes = 2048, kScaleBytes = 192;
-  // Rings: 2 stages of 9.8 KB (decode) / 12.2 KB (8 rows) per warp; 2 CTAs per SM.
+  // Rings: 2 stages of 9.2 KB (decode) / 11.1 KB (8 rows) per warp (2 activation planes); 2 CTAs per SM.
   static constexpr int kWarps = 4, kMinBlocks = 2, kWave = 2;
   static constexpr int kStagesOneRow = 2, kStagesNarrow = 2, kStagesWide = 2, kStagesWideAlt = 2;
 
@@ -258,9 +257,9 @@ struct Q6kFmt {
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
         if (!row_col_used<R>(jj)) continue;
-        int P0, P1, P2;
-        gather_planes<R>(P, jj, P0, P1, P2);
-        acc[i][jj] = __fmaf_rn(__fmul_rn(jj < 2 ? dg : dg8, sx[jj & 1]), planes_value(P0, P1, P2), acc[i][jj]);
+        int Pp[kXqPlanes];
+        gather_planes<R>(P, jj, Pp);
+        acc[i][jj] = __fmaf_rn(__fmul_rn(jj < 2 ? dg : dg8, sx[jj & 1]), planes_value(Pp), acc[i][jj]);
       }
     }
   }

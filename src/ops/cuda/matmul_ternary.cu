@@ -9,17 +9,17 @@
 // activation rows up to 8 (the n of mma.m16n8k32), so the kernel can stay memory-bound and an
 // 8-row verify costs about what one row does.
 //
-// Exactness. Activations are 24-bit block floating point per (row, block of 128), split into three
-// signed bytes u = 65536 u0 + 256 u1 + u2 (mma_gemv.cuh). With the weight codes c in {0,1,2}
-// as unsigned bytes, mma.s32.u8.s8 gives D_i = sum c * u_i exactly in int32, and v = (D0 * 256 + D1)
-// * 256 + D2 - S, S = sum u the record's digit sum, is the integer sum (c - 1) u = sum w u (|v| < 2^31;
-// computed modulo 2^32, where the intermediate sum c u may wrap, so it is exact). Where S is
-// subtracted is scheduling only: at one activation row the plane-2 accumulator starts at -S (the lane
-// that holds that column needs no extra instruction); at more rows the accumulators start at zero and
-// S comes off after the plane combination (a -S start per column had cost register-quad copies for
-// every tile's mma: S13-1). Per block: acc = fma(d * 2^(E-16), float(v), acc). Integer
-// sums do not depend on order, so the only roundings are the quantization, float(v) and the block
-// fmas, in a fixed order: nothing depends on M, the number of activation rows (tested bit for bit).
+// Exactness. Activations are block fixed point per (row, block of 128), split into kXqPlanes signed
+// bytes, u = 256 u0 + u1 at 2 planes (mma_gemv.cuh, xq_record.cuh). With the weight codes c in {0,1,2}
+// as unsigned bytes, mma.s32.u8.s8 gives D_i = sum c * u_i exactly in int32, and v = D0 * 256 + D1 - S,
+// S = sum u the record's digit sum, is the integer sum (c - 1) u = sum w u (computed modulo 2^32, so
+// exact; at 2 planes |v| < 2^21, so float(v) is exact too). Where S is subtracted is scheduling only:
+// at one activation row the last plane's accumulator starts at -S (the lane that holds that column
+// needs no extra instruction); at more rows the accumulators start at zero and S comes off after the
+// plane combination (a -S start per column had cost register-quad copies for every tile's mma:
+// S13-1). Per block: acc = fma(d * 2^(E-kXqShift), float(v), acc). Integer sums do not depend on
+// order, so the only roundings are the quantization, float(v) and the block fmas, in a fixed order:
+// nothing depends on M, the number of activation rows (tested bit for bit).
 //
 // Layout "ternary-mma" (Layout::kTernaryMma). Rows are padded to Np = 16 * ceil(out / 16) (pad rows:
 // codes 0 and scale 0, never stored); nblk = in / 128 blocks of 128 inputs share one fp16 scale d.
@@ -100,10 +100,12 @@ struct TernaryFmt {
   static constexpr int kCodeBytes = 512, kScaleBytes = 32;
   static constexpr bool kEpilogues = true;  // GDN's input side in the projections' launch (launch_gdn_input)
   static constexpr bool kFixedRows = true;
+  static constexpr bool kL2Hint = true;  // evict-first weights (round 22)
   // 4 warps: 8 per CTA (2 CTAs per SM, half the blocks per warp) made attn_qkv 10.0 -> 8.4 us alone but
   // the decode step 4.91 -> 5.28 ms and verify 9.1 -> 10.1 ms (S7-5).
   static constexpr int kWarps = 4;
-  // 3-4 CTAs fit per SM (41 KB decode, 64 KB verify rings). kWave, the CTAs per SM the k split aims at,
+  // 4-5 CTAs fit per SM (31 KB decode, 52 KB verify rings at 2 activation planes; the k-split launches are
+  // padded to kWave per SM, mma_capped_smem). kWave, the CTAs per SM the k split aims at,
   // only decides the split of the 80-CTA launches (5120 outputs: ffn_down, the attention and GDN output
   // projections; every other 27B launch has more CTAs than one wave): 2 gives them 3 splits, 3 gave 4.
   // Round 5-7 had measured 3 best (S7-7: 2 slower); on the later rounds' kernels 2 is faster (S25-4,
@@ -121,7 +123,7 @@ struct TernaryFmt {
   // with DFLASH_CUDA_MM_ONE_ROW_RING=0; 5 and 6 slower in the step, 6 faster alone: ffn_up 12.3 -> 9.5 us).
   static constexpr int kStagesOneRow = 3, kStagesNarrow = 4, kStagesWide = 3, kStagesWideAlt = 2;
 
-  // One staged block for the CTA's tiles: acc[i][jj] += d 2^(E-16) * v for the lane's owned (weight
+  // One staged block for the CTA's tiles: acc[i][jj] += d 2^(E-kXqShift) * v for the lane's owned (weight
   // row, activation row) pairs (d2d3 rows g, g + 8 x d0d1 columns 2t, 2t + 1). Straight-line code over
   // all 4 tiles (a short last tile column computes copies of its last tile and stores nothing for them).
   template <int R>
@@ -129,15 +131,18 @@ struct TernaryFmt {
                                                        const LaneCols<R>& lc, float (&acc)[kTilesPerCta][4]) {
     constexpr int NT = ColMap<R>::kNt;
     const uint8_t* xs = stage_acts<TernaryFmt>(stage);
-    const int32_t* meta = reinterpret_cast<const int32_t*>(xs + mc * kXqBytes);  // [mc][S, 2^(E-16), 0, 0]
+    const int32_t* meta = reinterpret_cast<const int32_t*>(xs + mc * kXqBytes);  // [mc][S, 2^(E-kXqShift), 0, 0]
     uint32_t bq[NT][8];
     float sx[2];
     int su[2];
     load_acts<R>(xs, meta, lc, bq, sx, su);
-    // Accumulator start: zero, or at one row -S in plane 2's column (lane t = 1's registers 0 and 2).
+    // Accumulator start: zero, or at one row -S in the last plane's column (kXqPlanes - 1: lane t = 0's
+    // registers 1 and 3 at 2 planes, lane t = 1's registers 0 and 2 at 3).
     int cinit[4] = {0, 0, 0, 0};
-    if constexpr (R == 1)
-      if (t == 1) cinit[0] = cinit[2] = -meta[0];
+    if constexpr (R == 1) {
+      constexpr int kLast = kXqPlanes - 1;
+      if (t == kLast / 2) cinit[kLast & 1] = cinit[(kLast & 1) + 2] = -meta[0];
+    }
 #pragma unroll
     for (int i = 0; i < kTilesPerCta; ++i) {
       const uint32_t* cw = reinterpret_cast<const uint32_t*>(stage + i * kCodeBytes);
@@ -164,12 +169,11 @@ struct TernaryFmt {
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
         if (!row_col_used<R>(jj)) continue;
-        // The plane sums of the owned column (|D| <= 2 * 128 * 128), then v exactly (|v| < 2^31; the
-        // unsigned arithmetic wraps where sum c u would not fit).
-        int D0, D1, D2;
-        gather_planes<R>(d, jj, D0, D1, D2);
-        const int v = static_cast<int>((static_cast<uint32_t>(D0) * 256u + static_cast<uint32_t>(D1)) * 256u +
-                                       static_cast<uint32_t>(D2) - static_cast<uint32_t>(R == 1 ? 0 : su[jj & 1]));
+        // The plane sums of the owned column (|D| <= 2 * 128 * 128), then v exactly (the unsigned
+        // arithmetic wraps where sum c u would not fit).
+        int D[kXqPlanes];
+        gather_planes<R>(d, jj, D);
+        const int v = planes_int(D, R == 1 ? 0 : su[jj & 1]);
         acc[i][jj] = __fmaf_rn(__fmul_rn(jj < 2 ? dg : dg8, sx[jj & 1]), static_cast<float>(v), acc[i][jj]);
       }
     }

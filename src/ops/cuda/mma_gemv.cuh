@@ -4,26 +4,27 @@
 // instantiate mm_mma_kernel<Format, ...> here; everything about activations, staging, the k split and
 // the reduction is common.
 //
-// Activations (shared by every format): quantize_x24_kernel writes, per (row, block of 128 inputs), a
-// 24-bit block floating point: u = rint(x * 2^(16 - E)) with 2^E the power of two that puts the block's
-// largest |x| in [32, 64), so |u| < 2^22 and the rounding error is <= 2^-23 of the block's largest |x|
-// (fp32 level). u is split into three signed bytes, u = 65536 u0 + 256 u1 + u2 (the digit planes),
-// stored in mma B-fragment order (lane-quad position t's 8 words: word 2j + h holds the bytes
-// k = 32 j + 16 h + 4 t + e, e = 0..3; words 0-3 and 4-7 swapped in odd rows, xq_half_swizzle), with
-// meta (S, 2^(E-16), 0, 0): the digit sum S = sum u and the scale; records and meta are block-major
-// ([nblk][M], xq_record.cuh), so a CTA's rows of one block are one contiguous run.
+// Activations (shared by every format): quantize_xq_kernel writes, per (row, block of 128 inputs), a
+// block fixed point: u = rint(x * 2^(kXqShift - E)) with 2^E the power of two that puts the block's
+// largest |x| in [32, 64), split into kXqPlanes signed bytes (the digit planes; 2 planes: u = 256 u0 +
+// u1, |u| < 2^14, the rounding error <= 2^-14 of the block's largest |x|; xq_record.cuh says why 2 and
+// what 3 would give), stored in mma B-fragment order (lane-quad position t's 8 words: word 2j + h holds
+// the bytes k = 32 j + 16 h + 4 t + e, e = 0..3; words 0-3 and 4-7 swapped in odd rows, xq_half_swizzle),
+// with meta (S, 2^(E-kXqShift), 0, 0): the digit sum S = sum u and the scale; records and meta are
+// block-major ([nblk][M], xq_record.cuh), so a CTA's rows of one block are one contiguous run.
 // Integer products of weight codes and digits are exact and order-free; a format's block_compute
 // turns them into floats in a fixed order per (weight row, activation row), so nothing depends on M.
 //
-// Columns of the mma's B (n = 8 per n-tile): the 3 digit planes of the activation rows, column
-// c = R p + m for plane p of row m (R = 1, 2, 4 or 8 rows per plane group, NT = ceil(3R / 8) n-tiles).
-// One or two activation rows (decode) fill one n-tile. Lane quad position t < R / 2 owns rows
-// m = 2t, 2t + 1 (D's columns 2t, 2t + 1): gather_planes() brings it the 3 plane sums of its rows (its
-// own n-tiles, or through a shuffle from lane t + 1 or t + 2 of the quad), so the float steps of a row
-// are the same for every R and M. R = 1 (one activation row, the decode step) is the exception: lane
-// t = 0 owns row 0 through D's columns 0 and 1 (planes 0 and 1) and takes plane 2 from lane t = 1, so
-// a tile's block needs 2 shuffles and 2 plane combinations instead of R = 2's 8 and 4 (half of which
-// were for a row that does not exist). The plane sums are exact integers, so the map changes no bits.
+// Columns of the mma's B (n = 8 per n-tile): the digit planes of the activation rows, column c = R p + m
+// for plane p of row m (R = 1, 2, 4 or 8 rows per plane group, NT = ceil(kXqPlanes R / 8) n-tiles: at
+// 2 planes the 8-row block is 2 n-tiles, at 3 it was 3). One or two activation rows (decode) fill one
+// n-tile. Lane quad position t < R / 2 owns rows m = 2t, 2t + 1 (D's columns 2t, 2t + 1):
+// gather_planes() brings it the plane sums of its rows (its own n-tiles, or through a shuffle from a
+// lane t + 1 or t + 2 of the quad), so the float steps of a row are the same for every R and M. R = 1
+// (one activation row, the decode step) is the exception: lane t = 0 owns row 0 through D's columns 0
+// and 1 (planes 0 and 1; a third plane would come from lane t = 1), so a tile's block needs 2 plane
+// combinations and no shuffle instead of R = 2's 4 and 4 (half of them for a row that does not exist).
+// The plane sums are exact integers, so the map changes no bits.
 // row_col_used<R>(jj) says whether accumulator register jj (D's jj) belongs to an owned row.
 //
 // Work split: a CTA (F::kWarps warps) owns 4 tiles (64 weight rows) x 8 activation rows x a k-range;
@@ -53,6 +54,8 @@
 //                            depth for 5-8 rows, chosen at run time by DFLASH_CUDA_WIDE_STAGES_ALT=1)
 //   block_compute<R>(stage, mc, g, t, lc, acc)   one staged block: acc[i][jj] += the block's part of
 //                            (weight row g / g + 8 of tile i) x (activation row 2t / 2t + 1), jj as D.
+//   kL2Hint                  whether the weights' copies carry the L2 cache policy (mma_weights_evict_first);
+//                            false: plain cp.async.cg (see Q6kFmt: ptxas 13.0 miscompiles some of its hinted builds)
 //   kFixedRows               whether launches of exactly 1 or 8 rows take the kernels built for that M
 //                            (mm_mma_kernel's kFixedM)
 //   kEpilogues               whether its kernels are also built with GDN's input side (kEpiGdnInput: the
@@ -60,6 +63,7 @@
 //                            tiles' stores, Backend::gdn_input; the ternary format only).
 #pragma once
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 
 #include <cooperative_groups.h>
@@ -77,14 +81,14 @@ namespace cg = cooperative_groups;
 
 constexpr int kTilesPerCta = 4;    // 16-row tiles per CTA (64 weight rows)
 constexpr int kCols = 8;           // activation rows per CTA (the n of the mma)
-constexpr int kXqBytes = kXqRecordBytes;  // one (row, block) of quantized activations: 3 digit planes
-constexpr int kXqMeta = 16;        // and its S = sum u, 2^(E-16), 0, 0
+constexpr int kXqBytes = kXqRecordBytes;  // one (row, block) of quantized activations: kXqPlanes digit planes
+constexpr int kXqMeta = 16;        // and its S = sum u, 2^(E-kXqShift), 0, 0
 
 // ---- activation quantizer: one CTA of 128 threads per (row, block) ---------------------------------
-// xq: [nblk][M] records of 3 digit planes, each in B-fragment order (lane-quad t's 8 words: word
-// 2j + h holds bytes k = 32 j + 16 h + 4 t + e), then meta [nblk][M] = (S, float 2^(E-16), 0, 0).
+// xq: [nblk][M] records of kXqPlanes digit planes, each in B-fragment order (lane-quad t's 8 words: word
+// 2j + h holds bytes k = 32 j + 16 h + 4 t + e), then meta [nblk][M] = (S, float 2^(E-kXqShift), 0, 0).
 
-__global__ void __launch_bounds__(128) quantize_x24_kernel(const float* __restrict__ x, int64_t K,
+__global__ void __launch_bounds__(128) quantize_xq_kernel(const float* __restrict__ x, int64_t K,
                                                            uint8_t* __restrict__ xq, int32_t* __restrict__ meta) {
   pdl_wait(gridDim.y == 1);
   __shared__ float smax[4];
@@ -99,21 +103,20 @@ __global__ void __launch_bounds__(128) quantize_x24_kernel(const float* __restri
   if (lane == 0) smax[warp] = amax;
   __syncthreads();
   amax = fmaxf(fmaxf(smax[0], smax[1]), fmaxf(smax[2], smax[3]));
-  const int E = x24_exponent(amax);  // |x| / 2^E < 64
-  int d0, d1, d2;
-  const int u = x24_digits(v, E, d0, d1, d2);
+  const int E = xq_exponent(amax);  // |x| / 2^E < 64
+  int d[kXqPlanes];
+  const int u = xq_digits(v, E, d);
   const int j = k >> 5, h = (k >> 4) & 1, t = (k >> 2) & 3, e = k & 3;
   const int64_t rec_index = xq_record_index(m, b, gridDim.y);
   uint8_t* rec = xq + rec_index * kXqBytes + t * 32 + (((2 * j + h) * 4) ^ xq_half_swizzle(m)) + e;
-  rec[0] = static_cast<uint8_t>(d0);
-  rec[128] = static_cast<uint8_t>(d1);
-  rec[256] = static_cast<uint8_t>(d2);
+#pragma unroll
+  for (int p = 0; p < kXqPlanes; ++p) rec[128 * p] = static_cast<uint8_t>(d[p]);
   const int s = __reduce_add_sync(0xffffffffu, u);  // sum u of the warp's 32
   if (lane == 0) ssum[warp] = s;
   __syncthreads();
   if (k == 0)
     *reinterpret_cast<int4*>(meta + rec_index * 4) =
-        make_int4(ssum[0] + ssum[1] + ssum[2] + ssum[3], __float_as_int(ldexpf(1.0f, E - 16)), 0, 0);
+        make_int4(ssum[0] + ssum[1] + ssum[2] + ssum[3], __float_as_int(xq_unit(E)), 0, 0);
 }
 
 // ---- the matmul ------------------------------------------------------------------------------------
@@ -131,7 +134,7 @@ struct MmaPart {
 struct MmaArgs {
   MmaPart part[kTernaryMaxGroup];
   int nparts;
-  const uint8_t* xq;    // quantized activations [nblk][M][384 B]
+  const uint8_t* xq;    // quantized activations [nblk][M][kXqBytes]
   const int32_t* meta;  // [nblk][M][4]
   int64_t M;
   int nblk, ks;
@@ -174,7 +177,7 @@ __device__ __forceinline__ void mma_s8s8_k16(int (&d)[4], uint32_t a0, uint32_t 
       : "r"(a0), "r"(a1), "r"(b0), "r"(0));
 }
 
-// Stage layout: codes [4 tiles][kCodeBytes] | scales [4 tiles][kScaleBytes] | xq [mc][384 B] | meta [mc][4];
+// Stage layout: codes [4 tiles][kCodeBytes] | scales [4 tiles][kScaleBytes] | xq [mc][kXqBytes] | meta [mc][4];
 // the ring steps by ring_stride<F>(mc) (128-byte aligned, MmaArgs::stage_stride).
 template <class F>
 __host__ __device__ constexpr int stage_bytes(int mc) {
@@ -216,6 +219,14 @@ __device__ __forceinline__ void cp_async16_policy(void* smem, const void* gmem, 
 
 // One warp copies one block (codes and scales of the CTA's tiles, quantized activations of its mc
 // rows) into a stage: 16-byte pieces, lane-strided.
+// A weight piece: with the format's L2 policy, or a plain L2-only copy (F::kL2Hint false).
+template <class F>
+__device__ __forceinline__ void cp_async16_weights(void* smem, const void* gmem, uint64_t policy) {
+  if constexpr (F::kL2Hint)
+    cp_async16_policy(smem, gmem, policy);
+  else
+    cp_async16<false>(smem, gmem);
+}
 template <class F>
 __device__ __forceinline__ void issue_weights(const BlockSrc<F>& src, int64_t boff, int lane, uint8_t* stage,
                                               uint64_t policy) {
@@ -223,20 +234,20 @@ __device__ __forceinline__ void issue_weights(const BlockSrc<F>& src, int64_t bo
   for (int i = 0; i < kTilesPerCta; ++i)  // tiles past the last one re-read it (pointers clamped)
 #pragma unroll
     for (int q = 0; q < F::kCodeBytes / 512; ++q)
-      cp_async16_policy(stage + i * F::kCodeBytes + q * 512 + lane * 16, src.codes[i] + boff * F::kCodeBytes + q * 512,
-                        policy);
+      cp_async16_weights<F>(stage + i * F::kCodeBytes + q * 512 + lane * 16,
+                            src.codes[i] + boff * F::kCodeBytes + q * 512, policy);
 #pragma unroll
   for (int q = 0; q < BlockSrc<F>::kScaleIssues; ++q)
     if (lane + 32 * q < BlockSrc<F>::kScalePieces)
-      cp_async16_policy(stage + kTilesPerCta * F::kCodeBytes + (lane + 32 * q) * 16,
-                        src.scales[q] + boff * F::kScaleBytes, policy);
+      cp_async16_weights<F>(stage + kTilesPerCta * F::kCodeBytes + (lane + 32 * q) * 16,
+                            src.scales[q] + boff * F::kScaleBytes, policy);
 }
 // The activations of one staged block: the mc rows' records are one contiguous run (block-major xq), so
-// piece p = lane + 32 it (< mc * 24 pieces of 16 B) lands at p * 16 in the stage's xq area from the same
+// piece p = lane + 32 it (< mc * kXqBytes / 16 pieces of 16 B) lands at p * 16 in the stage's xq area from the same
 // offset of the run; lanes < mc copy their row's meta. (Row-major records had cost a division by 24 and
 // 64-bit row offsets per piece: ~70 of the ~470 instructions per block at 8 rows, S13-1.)
 template <int R>
-constexpr int kActIters = (R * (kXqBytes / 16) + 31) / 32;  // <= 6 (R = 8)
+constexpr int kActIters = (R * (kXqBytes / 16) + 31) / 32;  // <= 4 (R = 8, 2 planes)
 
 template <class F, int R>
 __device__ __forceinline__ void issue_acts(const BlockSrc<F>& src, int64_t boff, uint32_t M, int mc, int lane,
@@ -257,24 +268,24 @@ __device__ __forceinline__ void issue_acts(const BlockSrc<F>& src, int64_t boff,
 
 template <int R>
 struct ColMap {
-  static constexpr int kNt = (3 * R + 7) / 8;
+  static constexpr int kNt = (kXqPlanes * R + 7) / 8;
 };
 
 // Per-lane constants of the column map for one CTA (mc activation rows).
 template <int R>
 struct LaneCols {
   static constexpr int NT = ColMap<R>::kNt;
-  // Columns without a (row < mc, plane < 3) of their own, and rows 2t + h >= mc, read the last staged
+  // Columns without a (row < mc, plane < kXqPlanes) of their own, and rows 2t + h >= mc, read the last staged
   // row's data instead of zeros: a column of D depends on its own column of B alone, and those columns
   // and rows are never stored, so the loads need no branch and no zeroed registers (at 8 rows the
   // zeroing and predication had cost ~25 of the ~460 instructions per block, S18-2).
   int b_off[NT];      // B: byte offset of (row, plane) of column 8 nt + g in an xq stage (words 0-3 of the
                       // lane's chunk; words 4-7 at b_off ^ 16)
-  int row_meta[2];    // owned rows 2t, 2t + 1: int index of their (S, 2^(E-16)) in the meta
+  int row_meta[2];    // owned rows 2t, 2t + 1: int index of their (S, 2^(E-kXqShift)) in the meta
   __device__ __forceinline__ LaneCols(int mc, int g, int t) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      const int cb = 8 * nt + g, pb = min(cb / R, 2), mb = min(cb % R, mc - 1);
+      const int cb = 8 * nt + g, pb = min(cb / R, kXqPlanes - 1), mb = min(cb % R, mc - 1);
       b_off[nt] = mb * kXqBytes + pb * 128 + t * 32 + xq_half_swizzle(mb);
     }
 #pragma unroll
@@ -283,7 +294,7 @@ struct LaneCols {
 };
 
 // The B fragments of a staged block (bq[nt][w]: word w = 2j + h of the lane's column; a copy of the last
-// row's for columns no row fills), and the 2^(E-16) (sx) and digit sum S (su) of the lane's owned rows.
+// row's for columns no row fills), and the 2^(E-kXqShift) (sx) and digit sum S (su) of the lane's owned rows.
 template <int R>
 __device__ __forceinline__ void load_acts(const uint8_t* xs, const int32_t* meta, const LaneCols<R>& lc,
                                           uint32_t (&bq)[ColMap<R>::kNt][8], float (&sx)[2], int (&su)[2]) {
@@ -302,27 +313,33 @@ __device__ __forceinline__ void load_acts(const uint8_t* xs, const int32_t* meta
   }
 }
 
-// The 3 plane values of accumulator register jj of the lane's owned column (valid on lanes with
-// 2t < R): its own n-tiles, or a shuffle from the quad's lane t + 1 / t + 2 (every lane takes part).
+// The plane sums P[p] of accumulator register jj of the lane's owned column (valid on lanes with
+// 2t < R; every lane takes part in the shuffles). Plane p of the lane's row is column R p + 2t (+ 1 for
+// the odd registers): n-tile R p / 8, held by lane t + (R p % 8) / 2 of the quad; at R = 1 column p,
+// register jj + p % 2 of lane t + p / 2.
 template <int R>
-__device__ __forceinline__ void gather_planes(const int (&d)[ColMap<R>::kNt][4], int jj, int& P0, int& P1, int& P2) {
-  if constexpr (R == 1) {  // jj even: columns 0, 1 here, column 2 on lane t + 1 (its register jj)
-    P0 = d[0][jj];
-    P1 = d[0][jj + 1];
-    P2 = __shfl_down_sync(0xffffffffu, d[0][jj], 1);
-  } else if constexpr (R == 2) {
-    P0 = d[0][jj];
-    P1 = __shfl_down_sync(0xffffffffu, d[0][jj], 1);
-    P2 = __shfl_down_sync(0xffffffffu, d[0][jj], 2);
-  } else if constexpr (R == 4) {
-    P0 = d[0][jj];
-    P1 = __shfl_down_sync(0xffffffffu, d[0][jj], 2);
-    P2 = d[1][jj];
-  } else {
-    P0 = d[0][jj];
-    P1 = d[1][jj];
-    P2 = d[2][jj];
+__device__ __forceinline__ void gather_planes(const int (&d)[ColMap<R>::kNt][4], int jj, int (&P)[kXqPlanes]) {
+#pragma unroll
+  for (int p = 0; p < kXqPlanes; ++p) {
+    const int nt = R * p / 8, from = (R * p % 8) / 2, reg = R == 1 ? jj + (p & 1) : jj;
+    P[p] = from == 0 ? d[nt][reg] : __shfl_down_sync(0xffffffffu, d[nt][reg], from);
   }
+}
+// The exact integer u-sum of the planes (sum_p P[p] 256^(kXqPlanes-1-p), modulo 2^32), minus `offset`.
+__device__ __forceinline__ int planes_int(const int (&P)[kXqPlanes], int offset) {
+  uint32_t v = static_cast<uint32_t>(P[0]);
+#pragma unroll
+  for (int p = 1; p < kXqPlanes; ++p) v = v * 256u + static_cast<uint32_t>(P[p]);
+  return static_cast<int>(v - static_cast<uint32_t>(offset));
+}
+// The same in fp32 where the integer may not fit (the K-quant sums): 256^k P[p] is exact, one rounding
+// per plane after the first, in a fixed order.
+__device__ __forceinline__ float planes_value(const int (&P)[kXqPlanes]) {
+  float v = static_cast<float>(P[kXqPlanes - 1]);
+#pragma unroll
+  for (int p = kXqPlanes - 2; p >= 0; --p)
+    v = __fmaf_rn(kXqPlanes - 1 - p == 1 ? 256.0f : 65536.0f, static_cast<float>(P[p]), v);
+  return v;
 }
 
 // Whether accumulator register jj (rows g / g + 8 x columns 2t, 2t + 1) holds an owned (weight row,
@@ -388,7 +405,7 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
   src.meta = a.meta + (static_cast<int64_t>(first) * M + m0 + lane) * 4;
   // The first stages' weights do not depend on earlier kernels: their loads start before pdl_wait(),
   // while the previous kernel drains (they land in the first commit group).
-  const uint64_t wpol = weights_l2_policy(a.weights_evict_first);
+  const uint64_t wpol = F::kL2Hint ? weights_l2_policy(a.weights_evict_first) : 0;
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q)
     if (q < nj) issue_weights<F>(src, static_cast<int64_t>(q) * F::kWarps, lane, ring + q * sb, wpol);
@@ -510,6 +527,33 @@ inline int mma_ctas_per_sm(int format_default) {
   return v ? v : format_default;
 }
 
+// A k-split launch is sized for F::kWave CTAs per SM (mma_splits_for). When more of its CTAs would fit
+// on an SM, the block scheduler packs some SMs beyond kWave and leaves others short; the launch then lasts
+// as long as its busiest SMs. Since the activation records went to 2 planes (round 29) the 8-row ternary
+// ring is 52 KB, so 4 CTAs fit instead of 3, and the verify step's k-split launches (ffn_down, ssm_out,
+// attention out: 80 x 3 CTAs) went 8.1 -> 8.8 us. Padding the launch's dynamic shared memory so that at
+// most kWave CTAs fit restores the spread (S29-3 with a fixed pad: verify 5.03-5.05 -> 4.77-4.78 ms).
+// Scheduling only: the bits are the same. DFLASH_CUDA_MM_SPLIT_CAP: 1 (default) every k-split launch,
+// 2 only launches of more than one activation row, 0 none (for comparison).
+inline int mma_split_cap_mode() {
+  static const int v = env_int("DFLASH_CUDA_MM_SPLIT_CAP", 1);
+  return v;
+}
+// Dynamic shared memory for a launch whose ring is `bytes` and of which at most `per_sm` CTAs may share an
+// SM (the k split's mma_ctas_per_sm).
+inline int mma_capped_smem(int bytes, int per_sm) {
+  static const auto attrs = [] {
+    int dev = 0, sm = 0, reserved = 0, optin = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev);
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    return std::array<int, 3>{sm, reserved, optin};
+  }();
+  // per_sm + 1 CTAs of (want + reserved) bytes must not fit in the SM's shared memory
+  const int want = attrs[0] / (per_sm + 1) - attrs[1] + 128;
+  return std::min(std::max(bytes, want), std::max(bytes, attrs[2]));
+}
 // DFLASH_CUDA_WIDE_STAGES_ALT=1: the format's alternative ring depth for 5-8 activation rows
 // (kStagesWideAlt; scheduling only, the bits are the same), for comparison.
 inline bool mma_wide_alt() {
@@ -606,8 +650,8 @@ void launch_mma_kernel(const MmaArgs& a, int mc, dim3 grid, dim3 cluster, cudaSt
   const dim3 block(F::kWarps * 32);
   static bool attr_set = false;
   if (!attr_set) {  // rings above the 48 KB default; the largest shared-memory carveout
-    const auto setup = [](auto kernel, int bytes) {
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    const auto setup = [](auto kernel, int bytes) {  // room for mma_capped_smem's padding too
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_capped_smem(bytes, 1));
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     };
     setup(mm_mma_kernel<F, S1, 1, kEpi>, F::kWarps * S1 * ring_stride<F>(1));
@@ -623,8 +667,12 @@ void launch_mma_kernel(const MmaArgs& a, int mc, dim3 grid, dim3 cluster, cudaSt
     attr_set = true;
   }
   const int sb = a.stage_stride, r = mma_rows_of(mc);
+  const int cap = mma_split_cap_mode();
+  const bool capped = a.ks > 1 && (cap == 1 || (cap == 2 && mc > 1));
+  const int per_sm = mma_ctas_per_sm(F::kWave);
   const auto go = [&](auto kernel, int stages) {
-    (void)launch_ex(kernel, grid, block, F::kWarps * stages * sb, s, cluster, pdl_enabled(), a);
+    const int bytes = F::kWarps * stages * sb;
+    (void)launch_ex(kernel, grid, block, capped ? mma_capped_smem(bytes, per_sm) : bytes, s, cluster, pdl_enabled(), a);
   };
   // Exactly r rows (r = 1 or 8): the kernels built for that M, where the format has them.
   const bool fixed = F::kFixedRows && mma_fixed_m() && a.M == r;
@@ -696,7 +744,7 @@ int launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const 
     auto* xq = static_cast<uint8_t*>(buf.xq);
     auto* meta = reinterpret_cast<int32_t*>(xq + static_cast<size_t>(a.M) * a.nblk * kXqBytes);
     if (!buf.xq_ready || m0 > 0)
-      launch_pdl(quantize_x24_kernel, dim3(static_cast<unsigned>(a.nblk), static_cast<unsigned>(a.M)), 128, 0, s,
+      launch_pdl(quantize_xq_kernel, dim3(static_cast<unsigned>(a.nblk), static_cast<unsigned>(a.M)), 128, 0, s,
                  x + m0 * in, in, xq, meta);
     a.xq = xq;
     a.meta = meta;

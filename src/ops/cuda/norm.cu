@@ -268,7 +268,7 @@ __global__ void dflash_conv_quantize_kernel(const float* __restrict__ x, const f
   *reinterpret_cast<float4*>(y + t * C + c0) = make_float4(e4[0], e4[1], e4[2], e4[3]);
   if (!xq) return;
   const int64_t blk = xq_record_index(t, blockIdx.x * 8 + warp, M);
-  warp_quantize_x24(e4, lane, t, xq + blk * kXqRecordBytes, meta + blk * 4);
+  warp_quantize_xq(e4, lane, t, xq + blk * kXqRecordBytes, meta + blk * 4);
 }
 
 inline unsigned elem_blocks(int64_t n) {
