@@ -133,7 +133,10 @@ struct Q4kFmt {
   static constexpr bool kFixedRows = true;
   static constexpr bool kL2Hint = true;
   static constexpr int kCodeBytes = 1024, kScaleBytes = 192;
-  // Rings: 2 stages of 5.1 KB (decode) / 7.0 KB (8 rows) per warp (2 activation planes); 3 CTAs per SM.
+  // Rings: 2 stages of 5.1 KB (decode) / 7.0 KB (8 rows) per warp (2 activation planes); 3 CTAs per SM
+  // (the 8-row kernels take 138-144 registers). kMinBlocks 4 (128 registers, 24-48 bytes of spill, 4 CTAs
+  // per SM: the drafter's FFN gate | up in 1.03 waves instead of 1.37) was slower: gate | up 42.2 vs
+  // 38.9 us, draft 0.879-0.880 vs 0.830-0.834 ms (S29-6).
   static constexpr int kWarps = 4, kMinBlocks = 3, kWave = 3;
   static constexpr int kStagesOneRow = 2, kStagesNarrow = 2, kStagesWide = 2, kStagesWideAlt = 2;
 
@@ -205,9 +208,13 @@ struct Q6kFmt {
   // the policy taken from a kernel parameter instead of createpolicy), the general 2-row build once the
   // activation records went to 2 planes (round 29). Without the hint there is no descriptor to lose
   // (tools/sass_check_descriptors.py, run by gpu_test.sh, checks every kernel); Q6_K is only the drafter's,
-  // whose weights are a small part of the draft step's reads.
+  // whose weights are a small part of the draft step's reads (evict-first was worth ~3 us of its two ~29 us
+  // launches per draft step, S29-1 vs S29-3). The kernels built for exactly 1 or 8 rows gain nothing
+  // measurable here (draft timelines, fixed / general: S29-5 29.2 / 29.0 and 8.1 / 7.8 us, one machine;
+  // S29-6 29.6 / 30.6 and 8.1 / 7.9, two builds alternating), so Q6_K keeps the general ones (fewer
+  // instantiations).
   static constexpr bool kL2Hint = false;
-  static constexpr bool kFixedRows = true;
+  static constexpr bool kFixedRows = false;
   static constexpr int kCodeBytes = 2048, kScaleBytes = 192;
   // Rings: 2 stages of 9.2 KB (decode) / 11.1 KB (8 rows) per warp (2 activation planes); 2 CTAs per SM.
   static constexpr int kWarps = 4, kMinBlocks = 2, kWave = 2;
