@@ -45,7 +45,7 @@ const std::vector<Record>& records();
 // NMSE bound of a matmul of weight type t against the CPU's. The integer tensor-core formats (ternary
 // PQ2_0 / PTQ1_0, Q4_K, Q6_K: mma_gemv.cuh) sum exact integers over activations quantized to 2 digit
 // planes per 128-block (xq_record.cuh: rounding <= 2^-14 of the block's largest |x|; N(0, 1) inputs
-// give ~5e-9 .. 2e-8, measured in the test report), so 1e-7; every other layout dequantizes to the CPU's
+// give 3.6e-9 .. 7.4e-9, S29-7 in bench/RESULTS.md), so 1e-7; every other layout dequantizes to the CPU's
 // floats and differs by the fp32 summation order only (~1e-13): 1e-10. A wrong code, scale, block or
 // row moves the NMSE above 1e-3 either way.
 inline double matmul_bound(GgmlType t) {
