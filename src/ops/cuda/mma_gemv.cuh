@@ -55,7 +55,7 @@
 //   block_compute<R>(stage, mc, g, t, lc, acc)   one staged block: acc[i][jj] += the block's part of
 //                            (weight row g / g + 8 of tile i) x (activation row 2t / 2t + 1), jj as D.
 //   kL2Hint                  whether the weights' copies carry the L2 cache policy (mma_weights_evict_first);
-//                            false: plain cp.async.cg (see Q6kFmt: ptxas 13.0 miscompiles some of its hinted builds)
+//                            false: plain cp.async.cg (Q6kFmt: ptxas 13.0 miscompiles some hinted builds)
 //   kFixedRows               whether launches of exactly 1 or 8 rows take the kernels built for that M
 //                            (mm_mma_kernel's kFixedM)
 //   kEpilogues               whether its kernels are also built with GDN's input side (kEpiGdnInput: the
@@ -217,8 +217,6 @@ __device__ __forceinline__ void cp_async16_policy(void* smem, const void* gmem, 
                : "memory");
 }
 
-// One warp copies one block (codes and scales of the CTA's tiles, quantized activations of its mc
-// rows) into a stage: 16-byte pieces, lane-strided.
 // A weight piece: with the format's L2 policy, or a plain L2-only copy (F::kL2Hint false).
 template <class F>
 __device__ __forceinline__ void cp_async16_weights(void* smem, const void* gmem, uint64_t policy) {
@@ -227,6 +225,8 @@ __device__ __forceinline__ void cp_async16_weights(void* smem, const void* gmem,
   else
     cp_async16<false>(smem, gmem);
 }
+// One warp copies one block (codes and scales of the CTA's tiles, quantized activations of its mc
+// rows) into a stage: 16-byte pieces, lane-strided.
 template <class F>
 __device__ __forceinline__ void issue_weights(const BlockSrc<F>& src, int64_t boff, int lane, uint8_t* stage,
                                               uint64_t policy) {
@@ -243,8 +243,8 @@ __device__ __forceinline__ void issue_weights(const BlockSrc<F>& src, int64_t bo
                             src.scales[q] + boff * F::kScaleBytes, policy);
 }
 // The activations of one staged block: the mc rows' records are one contiguous run (block-major xq), so
-// piece p = lane + 32 it (< mc * kXqBytes / 16 pieces of 16 B) lands at p * 16 in the stage's xq area from the same
-// offset of the run; lanes < mc copy their row's meta. (Row-major records had cost a division by 24 and
+// piece p = lane + 32 it (< mc * kXqBytes / 16 pieces of 16 B) lands at p * 16 in the stage's xq area from
+// the same offset of the run; lanes < mc copy their row's meta. (Row-major records had cost a division by 24 and
 // 64-bit row offsets per piece: ~70 of the ~470 instructions per block at 8 rows, S13-1.)
 template <int R>
 constexpr int kActIters = (R * (kXqBytes / 16) + 31) / 32;  // <= 4 (R = 8, 2 planes)
@@ -275,10 +275,10 @@ struct ColMap {
 template <int R>
 struct LaneCols {
   static constexpr int NT = ColMap<R>::kNt;
-  // Columns without a (row < mc, plane < kXqPlanes) of their own, and rows 2t + h >= mc, read the last staged
-  // row's data instead of zeros: a column of D depends on its own column of B alone, and those columns
-  // and rows are never stored, so the loads need no branch and no zeroed registers (at 8 rows the
-  // zeroing and predication had cost ~25 of the ~460 instructions per block, S18-2).
+  // Columns without a (row < mc, plane < kXqPlanes) of their own, and rows 2t + h >= mc, read the last
+  // staged row's data instead of zeros: a column of D depends on its own column of B alone, and those
+  // columns and rows are never stored, so the loads need no branch and no zeroed registers (at 8 rows
+  // the zeroing and predication had cost ~25 of the ~460 instructions per block, S18-2).
   int b_off[NT];      // B: byte offset of (row, plane) of column 8 nt + g in an xq stage (words 0-3 of the
                       // lane's chunk; words 4-7 at b_off ^ 16)
   int row_meta[2];    // owned rows 2t, 2t + 1: int index of their (S, 2^(E-kXqShift)) in the meta
@@ -294,7 +294,8 @@ struct LaneCols {
 };
 
 // The B fragments of a staged block (bq[nt][w]: word w = 2j + h of the lane's column; a copy of the last
-// row's for columns no row fills), and the 2^(E-kXqShift) (sx) and digit sum S (su) of the lane's owned rows.
+// row's for columns no row fills), and the 2^(E-kXqShift) (sx) and digit sum S (su) of the lane's owned
+// rows.
 template <int R>
 __device__ __forceinline__ void load_acts(const uint8_t* xs, const int32_t* meta, const LaneCols<R>& lc,
                                           uint32_t (&bq)[ColMap<R>::kNt][8], float (&sx)[2], int (&su)[2]) {
