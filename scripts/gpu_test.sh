@@ -6,8 +6,9 @@
 #   scripts/gpu_test.sh --stage
 #       on the build machine: builds test_cuda, bench_cuda_ops and dflash in build-cuda (or $BUILD) (Release,
 #       -j${JOBS:-2}) and stages them with their non-system shared libraries (libfmt, libutf8proc)
-#       in build-cuda/gpu/ and its compressed copy build-cuda/gpu.tgz (ignored by git; carry the .tgz to
-#       the GPU machine: the folder plus the tree pass the device tool's 64 MiB carry limit).
+#       in build-cuda/gpu/ and a stripped, xz-compressed copy build-cuda/gpu.txz (~27 MB; ignored by git;
+#       carry the .txz to the GPU machine: the folder plus the tree pass the device tool's 64 MiB carry
+#       limit, and the .txz leaves room for an A/B pack).
 #
 #   scripts/gpu_test.sh [--no-test] [--no-bench] [--model27 ptq1_0|pq2_0] [--tokens N]
 #       on the GPU machine, from the repository root: runs test_cuda and bench_cuda_ops from
@@ -46,9 +47,9 @@
 #
 #   scripts/gpu_test.sh --stage-ab NAME
 #       on the build machine: packs the current build's bench_cuda_ops (stripped, with its libraries;
-#       dflash too with AB_DFLASH=1) as build-cuda/gpu_NAME.tgz (~9 MB), a second build to compare on the
+#       dflash too with AB_DFLASH=1) as build-cuda/gpu_NAME.txz (~10 MB), a second build to compare on the
 #       same GPU machine (a change without a runtime switch: stage the old tree and --stage-ab it, then
-#       stage the new one; carry both .tgz).
+#       stage the new one; carry both .txz: tree ~26 MB + 27 + 10 fit the 64 MiB carry).
 #   scripts/gpu_test.sh --ab NAME [--ab-runs N]   (with --dflash-bench TYPE, or after it on the machine)
 #       on the GPU machine: alternates the current build and gpu_NAME N times (default 2) on the 27B pair:
 #       bench_cuda_ops --model-only (decode, verify, draft) and dflash bench pp512. With --timeline TYPE
@@ -58,7 +59,8 @@
 #       each ';'-separated set of assignments (runtime switches, DFLASH_CUDA_SKIP=... diagnostics), N rounds;
 #       --pp adds dflash bench pp512 to each.
 #
-# Through the device tool:  run(command="bash scripts/gpu_test.sh", carry=["build-cuda/gpu.tgz"])
+# Through the device tool:  run(command="bash scripts/gpu_test.sh", carry=["build-cuda/gpu.txz"])
+# (a pack from before round 29, gpu.tgz / gpu_NAME.tgz, is unpacked too when no .txz is there).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # BUILD names the build folder (default build-cuda): concurrent engineers each stage their own.
@@ -75,13 +77,14 @@ if [ "${1:-}" = "--stage-ab" ]; then
   mkdir -p "$T/gpu_$NAME/lib"
   cp "$G/bench_cuda_ops" "$G/COMMIT" "$T/gpu_$NAME/"
   # dflash (pp512 in --ab) only with AB_DFLASH=1: with it the pack is ~18 MB, and the tree (~26 MB),
-  # gpu.tgz (~26 MB) and the pack no longer fit the device tool's 64 MiB carry
+  # gpu.txz (~27 MB) and the pack no longer fit the device tool's 64 MiB carry
   [ "${AB_DFLASH:-0}" = 1 ] && [ -f "$G/dflash" ] && cp "$G/dflash" "$T/gpu_$NAME/"
   cp "$G"/lib/* "$T/gpu_$NAME/lib/" 2>/dev/null || true
   strip "$T/gpu_$NAME/bench_cuda_ops" "$T/gpu_$NAME/dflash" 2>/dev/null || true
-  tar czf "$BD/gpu_$NAME.tgz" -C "$T" "gpu_$NAME"
+  rm -f "$BD/gpu_$NAME.tgz"  # the .txz replaces a pre-round-29 pack
+  tar cJf "$BD/gpu_$NAME.txz" -C "$T" "gpu_$NAME"
   rm -rf "$T"
-  du -sh "$BD/gpu_$NAME.tgz"
+  du -sh "$BD/gpu_$NAME.txz"
   exit 0
 fi
 
@@ -101,9 +104,15 @@ if [ "${1:-}" = "--stage" ]; then
   git status --porcelain -- src/ops/cuda tests/cuda bench/cuda_ops_bench.cpp | grep -q . && echo "+dirty" >>"$G/COMMIT"
   du -sh "$G"
   # The tree (with the bundled models) and gpu/ together pass the device tool's 64 MiB carry limit:
-  # carry the compressed copy (~22 MB) instead; the GPU-side run unpacks it.
-  tar czf $BD/gpu.tgz -C $BD gpu
-  du -sh $BD/gpu.tgz
+  # carry the stripped, xz-compressed copy instead (gpu/ keeps the symbols); the GPU-side run unpacks it.
+  # Stripping leaves the device code alone (cuobjdump, CUPTI and ncu read it as before).
+  T=$(mktemp -d)
+  cp -r "$G" "$T/gpu"
+  strip "$T/gpu/test_cuda" "$T/gpu/bench_cuda_ops" "$T/gpu/dflash" 2>/dev/null || true
+  rm -f $BD/gpu.tgz
+  tar cJf $BD/gpu.txz -C "$T" gpu
+  rm -rf "$T"
+  du -sh $BD/gpu.txz
   exit 0
 fi
 
@@ -138,12 +147,15 @@ OUT=$PWD/out-gpu
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$G/lib:${LD_LIBRARY_PATH:-}"
 # A warm machine keeps the last call's gpu/: unpack the carried build again when it is another commit.
-fresh_unpack() {  # $1: the .tgz, $2: the folder it holds
-  [ -f "$1" ] || return 0
-  [ -f "$2/COMMIT" ] && [ "$(tar xzf "$1" -O "$(basename "$2")/COMMIT" 2>/dev/null)" = "$(cat "$2/COMMIT")" ] && return 0
-  rm -rf "$2" && tar xzf "$1" -C "$(dirname "$2")"
+fresh_unpack() {  # $1: the pack without its extension (.txz, else .tgz), $2: the folder it holds
+  local pack=$1.txz z=J
+  [ -f "$pack" ] || { pack=$1.tgz z=z; }
+  [ -f "$pack" ] || return 0
+  [ -f "$2/COMMIT" ] && [ "$(tar x${z}f "$pack" -O "$(basename "$2")/COMMIT" 2>/dev/null)" = "$(cat "$2/COMMIT")" ] &&
+    return 0
+  rm -rf "$2" && tar x${z}f "$pack" -C "$(dirname "$2")"
 }
-fresh_unpack $BD/gpu.tgz "$G"
+fresh_unpack $BD/gpu "$G"
 [ -x "$G/test_cuda" ] || { echo "no $G/test_cuda: run scripts/gpu_test.sh --stage first and carry $G" >&2; exit 2; }
 {
   echo "commit: $(cat $G/COMMIT | tr '\n' ' ')"
@@ -303,7 +315,7 @@ if [ -n "$AB" ]; then
   # The current build against gpu_$AB (--stage-ab), alternating, on the 27B pair (written if missing).
   F=/tmp/bonsai27-${DBENCH:-ptq1_0}.gguf D=/tmp/drafter27.gguf
   ensure_27b "${DBENCH:-ptq1_0}"
-  fresh_unpack "$BD/gpu_$AB.tgz" "$BD/gpu_$AB"
+  fresh_unpack "$BD/gpu_$AB" "$BD/gpu_$AB"
   if [ -n "$TIMELINE" ]; then  # the other build's timeline too, for a kernel-by-kernel comparison
     DFLASH_STEP_TIMELINE=1 LD_LIBRARY_PATH="$PWD/$BD/gpu_$AB/lib" timeout 200 "$BD/gpu_$AB/bench_cuda_ops" --model "$F" \
       --drafter "$D" --model-only --out "$OUT/timeline_${TIMELINE}_$AB.md" >"$OUT/timeline_${TIMELINE}_$AB.log" 2>&1
