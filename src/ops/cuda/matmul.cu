@@ -68,15 +68,6 @@ __device__ __forceinline__ void load_w8<kQ4_0>(const uint8_t* __restrict__ row, 
 #pragma unroll
   for (int i = 0; i < 8; ++i) w[i] = dq(d, static_cast<int>((byte_of(q, i) >> sh) & 0xF) - 8);
 }
-__device__ __forceinline__ void k_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
-  if (j < 4) {
-    sc = s[j] & 63;
-    mn = s[j + 4] & 63;
-  } else {
-    sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-    mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
 // Q4_K (144 B / 256): sub-block j = (e % 256) / 32 of chunk c = j / 2: low (even j) or high nibbles of
 // qs[32c + l]; y = (d * sc) * q - (dmin * m).
 template <>
@@ -85,7 +76,7 @@ __device__ __forceinline__ void load_w8<kQ4_K>(const uint8_t* __restrict__ row, 
   const int within = static_cast<int>(e0 & 255), j = within >> 5, l0 = within & 31;
   const float d = ld_half(b), dmin = ld_half(b + 2);
   int sc, mn;
-  k_scale_min(b + 4, j, sc, mn);
+  kquant_scale_min(b + 4, j, sc, mn);
   const float d1 = __fmul_rn(d, static_cast<float>(sc)), m1 = __fmul_rn(dmin, static_cast<float>(mn));
   const uint2 q = *reinterpret_cast<const uint2*>(b + 16 + 32 * (j >> 1) + l0);
   const int sh = (j & 1) * 4;
@@ -100,7 +91,7 @@ __device__ __forceinline__ void load_w8<kQ5_K>(const uint8_t* __restrict__ row, 
   const int within = static_cast<int>(e0 & 255), j = within >> 5, l0 = within & 31;
   const float d = ld_half(b), dmin = ld_half(b + 2);
   int sc, mn;
-  k_scale_min(b + 4, j, sc, mn);
+  kquant_scale_min(b + 4, j, sc, mn);
   const float d1 = __fmul_rn(d, static_cast<float>(sc)), m1 = __fmul_rn(dmin, static_cast<float>(mn));
   const uint2 qh = *reinterpret_cast<const uint2*>(b + 16 + l0);
   const uint2 q = *reinterpret_cast<const uint2*>(b + 48 + 32 * (j >> 1) + l0);

@@ -35,16 +35,6 @@
 namespace dflash::cuda {
 namespace {
 
-// Q4_K's 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes.
-__device__ __forceinline__ void k4_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
-  if (j < 4) {
-    sc = s[j] & 63;
-    mn = s[j + 4] & 63;
-  } else {
-    sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-    mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
 // Element e (0..255) of a Q4_K superblock (144 B: d, dmin, scales[12], qs[128]): its 4-bit code.
 __device__ __forceinline__ uint32_t q4k_code(const uint8_t* b, int e) {
   const int j = e >> 5, l = e & 31;
@@ -117,7 +107,7 @@ __global__ void to_kquant_mma_kernel(const uint8_t* __restrict__ src, uint8_t* _
     }
     for (int j = 0; j < 4; ++j) {
       int s, m;
-      k4_scale_min(sb + 4, 4 * half + j, s, m);
+      kquant_scale_min(sb + 4, 4 * half + j, s, m);
       sc[j] = static_cast<uint8_t>(s);
       sc[4 + j] = static_cast<uint8_t>(m);
     }
