@@ -8,18 +8,20 @@
 // round_to_xq_planes gives the CPU the same rounded inputs, so the effect of P on whole-model output
 // (greedy tokens, logits, the drafter's acceptance) can be measured on any machine:
 // DFLASH_CPU_XQ_PLANES=2 (or 3) makes the CPU backend round the inputs of those weight types this way
-// (ops/cpu/cpu_backend.cpp). Off by default: the CPU stays the fp32 reference.
+// (ops/cpu/cpu_backend.cpp). Off by default: the CPU stays the fp32 reference. P = 1 is a what-if that no
+// CUDA kernel implements (8-bit activations, as llama.cpp's q8_1 but per 128): the largest |x| 2^-E in
+// [64, 128), u = rint(x 2^-E) clamped to [-127, 127], a step of 2^E <= 2^-6 of the block's largest |x|.
 #pragma once
 
 #include <cstdint>
 
 namespace dflash {
 
-// out[i] = x rounded as the CUDA matmul's P-plane activation record holds it (n a multiple of 128; out
-// may equal x). Zero or non-finite blocks pass through unchanged.
+// out[i] = x rounded as the CUDA matmul's P-plane activation record holds it (P = 2, 3; 1: the what-if
+// above; n a multiple of 128; out may equal x). Zero or non-finite blocks pass through unchanged.
 void round_to_xq_planes(const float* x, float* out, int64_t n, int planes);
 
-// The planes DFLASH_CPU_XQ_PLANES asks for (2 or 3), or 0 (unset, or any other value: no rounding).
+// The planes DFLASH_CPU_XQ_PLANES asks for (1, 2 or 3), or 0 (unset, or any other value: no rounding).
 int cpu_xq_planes_from_env();
 
 }  // namespace dflash

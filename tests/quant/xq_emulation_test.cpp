@@ -1,6 +1,7 @@
 // round_to_xq_planes: the CUDA integer matmuls' activation rounding emulated on the CPU
-// (src/quant/xq_emulation.h). Hand-worked values at 2 and 3 planes (the step, half-to-even ties), the
-// error bound against the block's largest |x| on random blocks, and the pass-through and error cases.
+// (src/quant/xq_emulation.h). Hand-worked values at 1, 2 and 3 planes (the step, half-to-even ties, the
+// 1-plane clamp), the error bound against the block's largest |x| on random blocks, and the pass-through
+// and error cases.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -42,10 +43,22 @@ TEST(XqEmulation, ThreePlanesStep) {
   EXPECT_EQ(y[1], 19661.0f / 65536.0f);
 }
 
+TEST(XqEmulation, OnePlaneWhatIf) {  // step 2^-1 for a largest |x| of 63; 63.9 * 2 = 127.8 -> 128, clamped to 127
+  auto x = block_max63(0.3f, 0.25f);  // 0.6 -> 1; 0.5 is a tie -> 0
+  std::vector<float> y(128);
+  round_to_xq_planes(x.data(), y.data(), 128, 1);
+  EXPECT_EQ(y[0], 63.0f);
+  EXPECT_EQ(y[1], 0.5f);
+  EXPECT_EQ(y[2], 0.0f);
+  x[0] = -63.9f;
+  round_to_xq_planes(x.data(), y.data(), 128, 1);
+  EXPECT_EQ(y[0], -63.5f);
+}
+
 TEST(XqEmulation, ErrorWithinTheBlockBound) {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (int planes : {2, 3}) {
+  for (int planes : {1, 2, 3}) {
     std::vector<float> x(128 * 64), y(x.size()), z(x.size());
     for (size_t i = 0; i < x.size(); ++i) x[i] = nd(rng) * std::ldexp(1.0f, static_cast<int>(i / 128) % 20 - 10);
     round_to_xq_planes(x.data(), y.data(), static_cast<int64_t>(x.size()), planes);
@@ -53,7 +66,8 @@ TEST(XqEmulation, ErrorWithinTheBlockBound) {
     for (size_t b = 0; b < x.size(); b += 128) {
       float amax = 0.0f;
       for (int i = 0; i < 128; ++i) amax = std::fmax(amax, std::fabs(x[b + i]));
-      const float bound = std::ldexp(amax, planes == 2 ? -14 : -22);  // half a step <= this
+      // half a step <= this (1 plane: a whole step, where the clamp to 127 moves the largest values)
+      const float bound = std::ldexp(amax, planes == 1 ? -6 : planes == 2 ? -14 : -22);
       for (int i = 0; i < 128; ++i) {
         EXPECT_LE(std::fabs(y[b + i] - x[b + i]), bound) << planes << " planes, block " << b / 128 << ", " << i;
         changed += y[b + i] != x[b + i];
@@ -73,6 +87,7 @@ TEST(XqEmulation, ZeroBlocksPassAndBadInputsThrow) {
   EXPECT_EQ(y[130], 5.0f);  // 5 = 80 steps of 2^-4: on the grid
   EXPECT_THROW(round_to_xq_planes(x.data(), y.data(), 100, 2), Error);
   EXPECT_THROW(round_to_xq_planes(x.data(), y.data(), 128, 4), Error);
+  EXPECT_THROW(round_to_xq_planes(x.data(), y.data(), 128, 0), Error);
 }
 
 }  // namespace
