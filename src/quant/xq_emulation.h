@@ -15,7 +15,15 @@
 
 #include <cstdint>
 
+#include "quant/types.h"
+
 namespace dflash {
+
+// The weight types whose CUDA matmuls run on the integer tensor cores over these records (the ternary
+// PQ2_0 / PTQ1_0, Q4_K, Q6_K; ops/cuda/cuda_backend.cpp's kTernaryMma / kKQuantMma layouts).
+inline bool xq_rounded_type(GgmlType t) {
+  return t == GgmlType::PQ2_0 || t == GgmlType::PTQ1_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K;
+}
 
 // out[i] = x rounded as the CUDA matmul's P-plane activation record holds it (P = 2, 3; 1: the what-if
 // above; n a multiple of 128; out may equal x). Zero or non-finite blocks pass through unchanged.

@@ -20,6 +20,7 @@
 
 #include "ops/backend.h"
 #include "quant/types.h"
+#include "quant/xq_emulation.h"
 
 namespace dflash::cudatest {
 
@@ -48,10 +49,7 @@ const std::vector<Record>& records();
 // give 3.6e-9 .. 7.4e-9, S29-7 in bench/RESULTS.md), so 1e-7; every other layout dequantizes to the CPU's
 // floats and differs by the fp32 summation order only (~1e-13): 1e-10. A wrong code, scale, block or
 // row moves the NMSE above 1e-3 either way.
-inline double matmul_bound(GgmlType t) {
-  const bool integer_mma = t == GgmlType::PQ2_0 || t == GgmlType::PTQ1_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K;
-  return integer_mma ? 1e-7 : 1e-10;
-}
+inline double matmul_bound(GgmlType t) { return xq_rounded_type(t) ? 1e-7 : 1e-10; }
 
 // A weight as the file holds it: random N(0,1) rows quantized by the reference quantizers (threads
 // over rows; row o's values depend on seed and o only).

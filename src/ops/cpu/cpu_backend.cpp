@@ -82,9 +82,7 @@ void CpuBackend::matmul(const WeightRef& w, const float* x, float* y, int64_t M)
   // inputs of the weight types that the CUDA backend feeds to its integer tensor cores (ternary, Q4_K,
   // Q6_K) are rounded as that backend's activation records round them (quant/xq_emulation.h).
   static const int xq_planes = cpu_xq_planes_from_env();
-  const bool integer_mma = w.type == GgmlType::PQ2_0 || w.type == GgmlType::PTQ1_0 || w.type == GgmlType::Q4_K ||
-                           w.type == GgmlType::Q6_K;
-  if (xq_planes != 0 && integer_mma && w.in % 128 == 0) {
+  if (xq_planes != 0 && xq_rounded_type(w.type) && w.in % 128 == 0) {
     std::vector<float> xr(static_cast<size_t>(M * w.in));
     round_to_xq_planes(x, xr.data(), M * w.in, xq_planes);
     matmul_rows(w.type, w.data, w.in, w.out, xr.data(), M, y);
