@@ -3,7 +3,8 @@
 //   bench_cuda_ops [--quick] [--model FILE.gguf [--model-only] [--tokens N]] [--gdn] [--prefill] [--attn-prefill]
 //                  [--attention [--keys N] [--case decode|verify|drafter]] [--boundary] [--persistent] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]
 //
-// --matmul runs section 2 alone for one type (and shape, e.g. ptq1_0:attn_qkv: a target for ncu);
+// --matmul runs section 2 alone for one type (and shape, e.g. ptq1_0:attn_qkv: a target for ncu; or shapes of
+// one's own, ptq1_0:5120x33792,5120x34816: launch sizes either side of a wave boundary);
 // --warm-l2 then times one copy of the matrix, served from L2 when it fits (latency vs bandwidth).
 //
 // 1. The floor: a 16-byte-load read kernel over 2 GiB, median of 20 runs (GB/s = 1e9 B/s).
@@ -444,7 +445,7 @@ int main(int argc, char** argv) {
       only_keys = -1;
     } else {
       fmt::print(stderr,
-                 "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--attn-prefill] [--attention [--keys N] [--case decode|verify|drafter]] [--boundary] [--persistent] [--matmul TYPE[:SHAPE] [--warm-l2] [--rows N]] [--out FILE.md]\n");
+                 "usage: bench_cuda_ops [--quick] [--model FILE [--drafter FILE] [--model-only]] [--tokens N] [--gdn] [--prefill] [--attn-prefill] [--attention [--keys N] [--case decode|verify|drafter]] [--boundary] [--persistent] [--matmul TYPE[:SHAPE|:INxOUT,...] [--warm-l2] [--rows N]] [--out FILE.md]\n");
       return 2;
     }
   }
@@ -507,8 +508,30 @@ int main(int argc, char** argv) {
       const char* name;
       int64_t in, out;
     };
-    const std::vector<Shape> shapes = {{"attn_qkv", 5120, 10240}, {"ffn_up", 5120, 17408}, {"ffn_down", 17408, 5120},
-                                       {"ssm_out", 6144, 5120},   {"attn_q", 5120, 12288}, {"output", 5120, 248320}};
+    std::vector<Shape> shapes = {{"attn_qkv", 5120, 10240}, {"ffn_up", 5120, 17408}, {"ffn_down", 17408, 5120},
+                                 {"ssm_out", 6144, 5120},   {"attn_q", 5120, 12288}, {"output", 5120, 248320}};
+    // --matmul TYPE:INxOUT[,INxOUT...]: shapes of one's own (e.g. the launch sizes around a wave boundary)
+    std::vector<std::string> custom_names;
+    if (!only_shape.empty() && only_shape.find('x') != std::string::npos) {
+      size_t at = 0;
+      while (at <= only_shape.size()) {
+        const size_t end = std::min(only_shape.find(',', at), only_shape.size());
+        custom_names.push_back(only_shape.substr(at, end - at));
+        at = end + 1;
+      }
+      shapes.clear();
+      for (const std::string& c : custom_names) {
+        const size_t x = c.find('x');
+        const int64_t in = x == std::string::npos ? 0 : std::atoll(c.c_str());
+        const int64_t outs = x == std::string::npos ? 0 : std::atoll(c.c_str() + x + 1);
+        if (in <= 0 || outs <= 0 || in % 256 != 0) {
+          fmt::print(stderr, "bench_cuda_ops: shape '{}' is not INxOUT with IN a positive multiple of 256\n", c);
+          return 2;
+        }
+        shapes.push_back({c.c_str(), in, outs});
+      }
+      only_shape.clear();
+    }
     std::vector<GgmlType> types = {GgmlType::PTQ1_0, GgmlType::PQ2_0, GgmlType::Q4_K, GgmlType::Q6_K,
                                    GgmlType::BF16,   GgmlType::F16,   GgmlType::Q8_0};
     if (quick) types = {GgmlType::PTQ1_0, GgmlType::PQ2_0, GgmlType::Q4_K};

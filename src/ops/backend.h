@@ -86,6 +86,16 @@ class Backend {
   // 1830 tok/s at 64 rows, 2295 at 256, 2449 at 512).
   virtual int64_t prefill_rows() const { return 64; }
 
+  // The row count at which a matmul of `rows` rows runs fastest when up to `room` rows are available
+  // (>= rows, <= room): a caller that holds spare input rows (the drafter's lm_head: 7 rows of a block of
+  // 8) may compute these extra rows and ignore them. Each row's bits never depend on M, so this is speed
+  // only. CPU: rows (every row costs). CUDA: 8 for 5..7 rows (the kernels built for exactly 8 rows, H200
+  // S30: the drafter's 7-row lm_head).
+  virtual int64_t matmul_rows_for(int64_t rows, int64_t room) const {
+    (void)room;
+    return rows;
+  }
+
   // ---- linear algebra -----------------------------------------------------------------------
   // y[M, w.out] = x[M, w.in] . w^T  (each y[m][o] = dot_row(w row o, x row m)).
   virtual void matmul(const WeightRef& w, const float* x, float* y, int64_t M) = 0;

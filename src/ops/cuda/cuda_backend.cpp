@@ -300,6 +300,14 @@ class CudaBackend final : public Backend {
     return parts;
   }
   int64_t prefill_rows() const override { return 512; }
+  // 5..7 rows run on the general 8-column kernels; exactly 8 take the ones built for 8 (mma_gemv.cuh's
+  // kFixedM), which are faster (H200: the drafter's lm_head, 7 rows 105.9 us, 8 rows ~102 us, S29-7).
+  // DFLASH_CUDA_MM_FIXED_M=0 (no fixed kernels) or DFLASH_CUDA_MM_PAD_ROWS=0 keeps the rows as asked.
+  int64_t matmul_rows_for(int64_t rows, int64_t room) const override {
+    static const bool pad =
+        cuda::env_flag("DFLASH_CUDA_MM_PAD_ROWS", true) && cuda::env_flag("DFLASH_CUDA_MM_FIXED_M", true);
+    return pad && rows >= 5 && rows < 8 && room >= 8 ? 8 : rows;
+  }
   void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t M) override {
     // One launch when every weight is in one tensor-core layout (ternary, or K-quant of one type) with the
     // same input width.
