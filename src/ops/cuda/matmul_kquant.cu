@@ -129,7 +129,6 @@ struct Q4kFmt {
   // 38.9 us, draft 0.879-0.880 vs 0.830-0.834 ms (S29-6).
   static constexpr int kWarps = 4, kMinBlocks = 3, kWave = 3;
   static constexpr int kStagesOneRow = 2, kStagesNarrow = 2, kStagesWide = 2, kStagesWideAlt = 2;
-  static constexpr int kStagesOneRowSplit = 2, kStagesWideSplit = 2;
 
   template <int R>
   static __device__ __forceinline__ void block_compute(const uint8_t* stage, int mc, int g, int t,
@@ -210,7 +209,6 @@ struct Q6kFmt {
   // Rings: 2 stages of 9.2 KB (decode) / 11.1 KB (8 rows) per warp (2 activation planes); 2 CTAs per SM.
   static constexpr int kWarps = 4, kMinBlocks = 2, kWave = 2;
   static constexpr int kStagesOneRow = 2, kStagesNarrow = 2, kStagesWide = 2, kStagesWideAlt = 2;
-  static constexpr int kStagesOneRowSplit = 2, kStagesWideSplit = 2;
 
   template <int R>
   static __device__ __forceinline__ void block_compute(const uint8_t* stage, int mc, int g, int t,

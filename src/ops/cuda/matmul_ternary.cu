@@ -122,8 +122,6 @@ struct TernaryFmt {
   // At one row 3 stages since the aligned ring (S15-1 / S15-2, decode 4.13-4.17 -> 4.08-4.13 ms, 4 stages
   // with DFLASH_CUDA_MM_ONE_ROW_RING=0; 5 and 6 slower in the step, 6 faster alone: ffn_up 12.3 -> 9.5 us).
   static constexpr int kStagesOneRow = 3, kStagesNarrow = 4, kStagesWide = 3, kStagesWideAlt = 2;
-  // Capped k splits (2 CTAs per SM, ~77 KB each): 7 one-row stages (71.7 KB), 4 at 8 rows (69.6 KB).
-  static constexpr int kStagesOneRowSplit = 7, kStagesWideSplit = 4;
 
   // One staged block for the CTA's tiles: acc[i][jj] += d 2^(E-kXqShift) * v for the lane's owned (weight
   // row, activation row) pairs (d2d3 rows g, g + 8 x d0d1 columns 2t, 2t + 1). Straight-line code over

@@ -58,8 +58,6 @@
 //                            false: plain cp.async.cg (Q6kFmt: ptxas 13.0 miscompiles some hinted builds)
 //   kFixedRows               whether launches of exactly 1 or 8 rows take the kernels built for that M
 //                            (mm_mma_kernel's kFixedM)
-//   kStagesOneRowSplit, kStagesWideSplit   ring depths of those kernels in capped k-split launches
-//                            (DFLASH_CUDA_MM_SPLIT_STAGES=1, a trial); equal to kStagesOneRow / kStagesWide: none
 //   kEpilogues               whether its kernels are also built with GDN's input side (kEpiGdnInput: the
 //                            alpha | beta split group's CTAs beside the tiles and the conv after the qkv
 //                            tiles' stores, Backend::gdn_input; the ternary format only).
@@ -559,13 +557,6 @@ inline int mma_capped_smem(int bytes, int per_sm) {
 }
 // DFLASH_CUDA_WIDE_STAGES_ALT=1: the format's alternative ring depth for 5-8 activation rows
 // (kStagesWideAlt; scheduling only, the bits are the same), for comparison.
-// Trial switch (branch wip/split-stages, not measured): DFLASH_CUDA_MM_SPLIT_STAGES=1 gives the capped
-// k-split launches of exactly 1 or 8 rows the format's deeper rings (kStagesOneRowSplit, kStagesWideSplit)
-// in the shared memory their cap pads anyway: more blocks in flight per warp for the same occupancy.
-inline bool mma_split_stages() {
-  static const bool v = env_flag("DFLASH_CUDA_MM_SPLIT_STAGES", false);
-  return v;
-}
 inline bool mma_wide_alt() {
   static const bool v = env_flag("DFLASH_CUDA_WIDE_STAGES_ALT", false);
   return v;
@@ -673,12 +664,6 @@ void launch_mma_kernel(const MmaArgs& a, int mc, dim3 grid, dim3 cluster, cudaSt
     if constexpr (F::kFixedRows) {
       setup(mm_mma_kernel<F, S1, 1, kEpi, true>, F::kWarps * S1 * ring_stride<F>(1));
       setup(mm_mma_kernel<F, SW, 8, kEpi, true>, F::kWarps * SW * ring_stride<F>(kCols));
-      if constexpr (kEpi == kEpiNone && F::kStagesOneRowSplit != S1)
-        setup(mm_mma_kernel<F, F::kStagesOneRowSplit, 1, kEpi, true>,
-              F::kWarps * F::kStagesOneRowSplit * ring_stride<F>(1));
-      if constexpr (kEpi == kEpiNone && F::kStagesWideSplit != SW)
-        setup(mm_mma_kernel<F, F::kStagesWideSplit, 8, kEpi, true>,
-              F::kWarps * F::kStagesWideSplit * ring_stride<F>(kCols));
     }
     attr_set = true;
   }
@@ -692,17 +677,6 @@ void launch_mma_kernel(const MmaArgs& a, int mc, dim3 grid, dim3 cluster, cudaSt
   };
   // Exactly r rows (r = 1 or 8): the kernels built for that M, where the format has them.
   const bool fixed = F::kFixedRows && mma_fixed_m() && a.M == r;
-  if constexpr (F::kFixedRows && kEpi == kEpiNone) {
-    // A capped k split with the deeper ring, where it fits in the capped shared memory (trial switch).
-    constexpr int S1s = F::kStagesOneRowSplit, SWs = F::kStagesWideSplit;
-    if (capped && fixed && mma_split_stages()) {
-      const int room = mma_capped_smem(F::kWarps * (r == 1 ? S1 : SW) * sb, per_sm);
-      if constexpr (S1s != S1)
-        if (r == 1 && F::kWarps * S1s * sb <= room) return go(mm_mma_kernel<F, S1s, 1, kEpi, true>, S1s);
-      if constexpr (SWs != SW)
-        if (r == 8 && F::kWarps * SWs * sb <= room) return go(mm_mma_kernel<F, SWs, 8, kEpi, true>, SWs);
-    }
-  }
   if (r == 1 && (S1 == SN || mma_one_row_ring())) {
     if constexpr (F::kFixedRows)
       if (fixed) return go(mm_mma_kernel<F, S1, 1, kEpi, true>, S1);
