@@ -89,8 +89,8 @@ class Backend {
   // The row count at which a matmul of `rows` rows runs fastest when up to `room` rows are available
   // (>= rows, <= room): a caller that holds spare input rows (the drafter's lm_head: 7 rows of a block of
   // 8) may compute these extra rows and ignore them. Each row's bits never depend on M, so this is speed
-  // only. CPU: rows (every row costs). CUDA: 8 for 5..7 rows (the kernels built for exactly 8 rows, H200
-  // S30: the drafter's 7-row lm_head).
+  // only. CPU: rows (every row costs). CUDA: 8 for 5..7 rows (the kernels built for exactly 8 rows; the
+  // drafter's 7-row lm_head, RESULTS round 30).
   virtual int64_t matmul_rows_for(int64_t rows, int64_t room) const {
     (void)room;
     return rows;
