@@ -276,10 +276,8 @@ void DFlashDrafter::allocate() {
   gate_ = static_cast<float*>(alloc(sizeof(float) * B * cfg_.n_ff));
   up_ = static_cast<float*>(alloc(sizeof(float) * B * cfg_.n_ff));
   act_ = static_cast<float*>(alloc(sizeof(float) * B * cfg_.n_ff));
-  {  // rows of logits, after the head's extra rows (draft_ops: matmul_rows_for)
-    const int64_t extra = be_.matmul_rows_for(rows, B) - rows;
-    logits_ = static_cast<float*>(alloc(sizeof(float) * (extra + rows) * n_vocab)) + extra * n_vocab;
-  }
+  head_extra_ = be_.matmul_rows_for(rows, B) - rows;  // the head's rows before row 1 (draft_ops)
+  logits_ = static_cast<float*>(alloc(sizeof(float) * (head_extra_ + rows) * n_vocab)) + head_extra_ * n_vocab;
   g_ = static_cast<float*>(alloc(sizeof(float) * rows * std::max<int64_t>(cfg_.selector_rank, 1)));
   if (cfg_.dflash2()) {
     const int64_t R = cfg_.selector_rank;
@@ -566,9 +564,8 @@ void DFlashDrafter::draft_ops() {
   be_.rms_norm(x_, out_norm_, n_, B, E, cfg_.rms_eps);  // h [B, E]
   const float* h1 = n_ + E;                              // rows 1..B-1 predict the block's tokens
   // The target's head, no target final norm. Where the backend runs more rows faster (CUDA: 8), the
-  // head also takes row(s) before row 1 (the anchor's) into the logits rows before logits_.
-  const int64_t head_rows = be_.matmul_rows_for(rows, B);
-  target_.lm_head(h1 - (head_rows - rows) * E, logits_ - (head_rows - rows) * V, head_rows);
+  // head also takes head_extra_ rows before row 1 (the anchor's) into the logits rows before logits_.
+  target_.lm_head(h1 - head_extra_ * E, logits_ - head_extra_ * V, rows + head_extra_);
   be_.copy(d_block_, d_ids_, sizeof(int32_t));  // the verify block starts with the anchor
   if (!cfg_.dflash2()) {
     be_.argmax(logits_, d_block_ + 1, rows, V);

@@ -209,7 +209,8 @@ class DFlashDrafter final : public Drafter {
   float *dyn_ = nullptr;          // [B, 2*K*G]
   float *q_ = nullptr, *attn_ = nullptr;  // [B, n_head*hd]
   float *gate_ = nullptr, *up_ = nullptr, *act_ = nullptr;  // [B, n_ff]: gate, up, swiglu(gate, up)
-  float *logits_ = nullptr;       // [B-1, n_vocab]
+  float *logits_ = nullptr;       // [B-1, n_vocab], after head_extra_ rows the head also writes
+  int64_t head_extra_ = 0;        // rows before row 1 the lm_head also takes (Backend::matmul_rows_for)
   float *g_ = nullptr;            // [B-1, rank]
   float *pred_rows_ = nullptr;    // [1 + (B-2) * top_k, rank] gathered predecessor rows (Backend::selector_walk)
   float *succ_rows_ = nullptr;    // [(B-1) * top_k, rank] gathered successor rows
