@@ -133,6 +133,22 @@ TEST_P(TargetModelTest, RollbackEqualsNeverSeeingTheRows) {
     a.model->rollback(1);
     b.model->rollback(1);
   }
+  // After a rollback whatever forward comes next starts from the kept rows' state: a one-row decode step,
+  // and a prefill chunk (the chunked GDN form).
+  ForwardOptions lo;
+  lo.want_logits = true;
+  for (int64_t rows : {int64_t{1}, int64_t{40}}) {
+    ForwardOptions u;
+    u.undoable = true;
+    const auto block = random_tokens(5, 300 + rows, 500);
+    a.model->forward(block, u);
+    a.model->rollback(2);
+    b.model->forward(std::span(block).subspan(0, 2), ForwardOptions{});
+    const auto next = random_tokens(rows, 400 + rows, 500);
+    const ForwardResult ra = a.model->forward(next, lo);
+    const ForwardResult rb = b.model->forward(next, lo);
+    ASSERT_EQ(ra.logits, rb.logits) << rows << " rows after a rollback";
+  }
 }
 
 // Prefill in chunks of any size gives the same greedy continuation (chunked GDN is exact up to
