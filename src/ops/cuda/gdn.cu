@@ -310,8 +310,11 @@ struct RecurrentBatch {
   float* state[kMaxRecurrentJobs];
   float* out[kMaxRecurrentJobs];
 };
+// Three CTAs per SM where the state fits (kRPT <= 16; 78 registers, no spill, instead of 96 and two): the
+// rollback's replay is one launch of 48 layers x 192 CTAs of one short row loop each, ~35 waves at two
+// per SM, each wave as long as a CTA's latency (the state's loads, the row, the stores).
 template <int kG, int kRPT, bool kExactK = false, int kDv = 0>
-__global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_batch_kernel(const RecurrentBatch b) {
+__global__ void __launch_bounds__(kG * 32, kRPT <= 16 ? 3 : 1) gdn_recurrent_batch_kernel(const RecurrentBatch b) {
   RecurrentArgs a = b.base;
   const int z = static_cast<int>(blockIdx.z);
   a.q = b.q[z], a.k = b.k[z], a.v = b.v[z], a.g = b.g[z], a.beta = b.beta[z];
