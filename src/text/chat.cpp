@@ -59,6 +59,17 @@ std::string read_effort_text(std::string_view tmpl, std::string_view effort) {
   return std::string(tmpl.substr(p, q - p));
 }
 
+// Tool message i (its content as the template renders it): a user header before the first of a run of
+// tool messages, the wrapped response, the end after the last of the run. header_at_start: whether a
+// conversation's first message opens a header too (Qwen3's template; Qwen3.5's reads an undefined
+// loop.previtem there and opens none).
+void append_tool_response(std::string& out, const std::vector<ChatMessage>& msgs, size_t i, std::string_view content,
+                          bool header_at_start) {
+  if (i == 0 ? header_at_start : msgs[i - 1].role != "tool") out += "<|im_start|>user";
+  out += "\n<tool_response>\n" + std::string(content) + "\n</tool_response>";
+  if (i + 1 == msgs.size() || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
+}
+
 void check_role(const ChatMessage& m, size_t i) {
   DFLASH_CHECK(m.role == "system" || m.role == "user" || m.role == "assistant" || m.role == "tool",
                "chat template: message {} has unknown role '{}' (expected system, user, assistant or tool)", i, m.role);
@@ -230,19 +241,18 @@ std::string ChatTemplate::render_qwen35(const std::vector<ChatMessage>& msgs, co
       }
       out += "<|im_end|>\n";
     } else {  // tool
-      // loop.previtem is undefined for the first message: no header then (as the template does).
-      if (i > 0 && msgs[i - 1].role != "tool") out += "<|im_start|>user";
-      out += "\n<tool_response>\n" + std::string(content) + "\n</tool_response>";
-      if (i + 1 == n || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
+      append_tool_response(out, msgs, i, content, /*header_at_start=*/false);
     }
   }
-
-  if (opts.add_generation_prompt) {
-    out += "<|im_start|>assistant\n";
-    if (f_.thinking_switch && !opts.enable_thinking) out += "<think>\n\n</think>\n\n";
-    else if (f_.think_prefill) out += "<think>\n";
-  }
+  append_generation_prompt(out, opts);
   return out;
+}
+
+void ChatTemplate::append_generation_prompt(std::string& out, const ChatOptions& opts) const {
+  if (!opts.add_generation_prompt) return;
+  out += "<|im_start|>assistant\n";
+  if (f_.thinking_switch && !opts.enable_thinking) out += "<think>\n\n</think>\n\n";
+  else if (f_.think_prefill) out += "<think>\n";
 }
 
 // =============================================================================================
@@ -282,17 +292,10 @@ std::string ChatTemplate::render_qwen3(const std::vector<ChatMessage>& msgs, con
       }
       out += "<|im_end|>\n";
     } else if (m.role == "tool") {
-      if (i == 0 || msgs[i - 1].role != "tool") out += "<|im_start|>user";
-      out += "\n<tool_response>\n" + std::string(content) + "\n</tool_response>";
-      if (i + 1 == n || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
+      append_tool_response(out, msgs, i, content, /*header_at_start=*/true);
     }
   }
-
-  if (opts.add_generation_prompt) {
-    out += "<|im_start|>assistant\n";
-    if (f_.thinking_switch && !opts.enable_thinking) out += "<think>\n\n</think>\n\n";
-    else if (f_.think_prefill) out += "<think>\n";
-  }
+  append_generation_prompt(out, opts);
   return out;
 }
 

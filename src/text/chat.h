@@ -78,6 +78,8 @@ class ChatTemplate {
   std::string render_qwen35(const std::vector<ChatMessage>& messages, const ChatOptions& opts) const;
   std::string render_qwen3(const std::vector<ChatMessage>& messages, const ChatOptions& opts) const;
   std::string render_chatml(const std::vector<ChatMessage>& messages, const ChatOptions& opts) const;
+  // The assistant header that ends a prompt (add_generation_prompt), with the think block the features ask for.
+  void append_generation_prompt(std::string& out, const ChatOptions& opts) const;
   Features f_;
 };
 

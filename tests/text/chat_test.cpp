@@ -150,6 +150,16 @@ TEST(ChatQwen35, ToolResponses) {
             "<|im_start|>assistant\n<think>\n\n</think>\n\n");
 }
 
+// A conversation that opens with tool messages: Qwen3.5's template tests loop.previtem, undefined for the
+// first message, so no user header opens the run; Qwen3's tests loop.first and opens one.
+TEST(ChatQwen35, ToolResponsesFirst) {
+  const Msgs m = {{"tool", "sunny", {}}, {"user", "so?", {}}};
+  EXPECT_EQ(ChatTemplate::qwen35().render(m, {.add_generation_prompt = false}),
+            "\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>user\nso?<|im_end|>\n");
+  EXPECT_EQ(ChatTemplate::qwen3().render(m, {.add_generation_prompt = false}),
+            "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>user\nso?<|im_end|>\n");
+}
+
 TEST(ChatQwen35, TemplateErrors) {
   const auto t = ChatTemplate::qwen35();
   expect_error([&] { t.render({}); }, "no messages");
