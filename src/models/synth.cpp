@@ -9,23 +9,13 @@
 
 #include "gguf/gguf.h"
 #include "util/error.h"
+#include "util/hash.h"
 #include "util/parallel.h"
 
 namespace dflash {
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-uint64_t hash_name(const std::string& s, uint64_t seed) {
-  uint64_t h = 1469598103934665603ull ^ seed;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return splitmix64(h);
-}
+uint64_t hash_name(const std::string& s, uint64_t seed) { return splitmix64(name_hash(s, seed)); }
 
 float synth_uniform(uint64_t seed, uint64_t index) {  // [0, 1)
   return static_cast<float>(splitmix64(seed ^ splitmix64(index)) >> 40) * (1.0f / 16777216.0f);

@@ -9,21 +9,13 @@
 #include "gguf/gguf.h"
 #include "models/drafter_metadata.h"
 #include "util/error.h"
+#include "util/hash.h"
 
 namespace dflash {
 namespace {
 
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 uint64_t tensor_seed(const std::string& name, uint64_t seed) {
-  uint64_t h = 1469598103934665603ull ^ mix64(seed ^ 0xd4f1a5);
-  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
-  return mix64(h);
+  return splitmix64(name_hash(name, splitmix64(seed ^ 0xd4f1a5)));
 }
 
 // How a tensor's rows are drawn.
