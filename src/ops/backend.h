@@ -95,6 +95,11 @@ class Backend {
     (void)room;
     return rows;
   }
+  // The rule of a backend whose kernels are built for exactly 8 rows (CUDA; the test backend that replays
+  // recordings as CUDA does): 5..7 rows run as 8 where the caller has the room.
+  static int64_t rows_as_full_tile(int64_t rows, int64_t room) {
+    return rows >= 5 && rows < 8 && room >= 8 ? 8 : rows;
+  }
 
   // ---- linear algebra -----------------------------------------------------------------------
   // y[M, w.out] = x[M, w.in] . w^T  (each y[m][o] = dot_row(w row o, x row m)).

@@ -26,9 +26,7 @@ class ReplayGraphBackend final : public Backend {
   // As CUDA: 5..7 rows run as 8 where the caller has the room (the drafter's lm_head then computes its anchor
   // row too), so the lockstep test below checks that the drafter reads its 7 rows of logits from the right
   // place.
-  int64_t matmul_rows_for(int64_t rows, int64_t room) const override {
-    return rows >= 5 && rows < 8 && room >= 8 ? 8 : rows;
-  }
+  int64_t matmul_rows_for(int64_t rows, int64_t room) const override { return rows_as_full_tile(rows, room); }
 
   // Memory: never recorded; allocation and host transfers are errors inside a capture (as on CUDA).
   void* alloc(size_t b) override {

@@ -307,7 +307,7 @@ class CudaBackend final : public Backend {
   int64_t matmul_rows_for(int64_t rows, int64_t room) const override {
     static const bool pad =
         cuda::env_flag("DFLASH_CUDA_MM_PAD_ROWS", true) && cuda::env_flag("DFLASH_CUDA_MM_FIXED_M", true);
-    return pad && rows >= 5 && rows < 8 && room >= 8 ? 8 : rows;
+    return pad ? rows_as_full_tile(rows, room) : rows;
   }
   void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t M) override {
     // One launch when every weight is in one tensor-core layout (ternary, or K-quant of one type) with the
