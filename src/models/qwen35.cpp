@@ -104,17 +104,18 @@ struct LayerState {
   float* v_cache = nullptr;
   float* conv_state = nullptr;   // [K-1, conv_dim]
   float* ssm_state = nullptr;    // [Hv, head_k, head_v]
-  // Undo support for the last undoable forward (checkpoint + replay): the states before it and the
-  // rows' inputs, so that rollback(n) re-runs the conv window and the recurrence over the n kept rows
-  // (the same per-row arithmetic, so the same bits as if the rest had never been seen).
+  // Undo support for the last undoable forward. The conv: its state before the rows and the rows'
+  // inputs, so that rollback(n) rebuilds the window of the n kept rows. The recurrence: an undoable
+  // forward leaves ssm_state as it was and records each row's update (k, decay, delta); rollback(n), or
+  // the next forward when no rollback came, applies the first n of them (the recurrence's own
+  // arithmetic, so the same bits as if the rest had never been seen).
   float* conv_state_before = nullptr;  // [K-1, conv_dim]
   float* conv_inputs = nullptr;        // [max_undo_rows, conv_dim]
-  float* ssm_state_before = nullptr;   // [Hv, head_k, head_v]
   float* undo_q = nullptr;             // [max_undo_rows, Hk*head_k] (l2-normed, scaled)
   float* undo_k = nullptr;             // [max_undo_rows, Hk*head_k] (l2-normed)
-  float* undo_v = nullptr;             // [max_undo_rows, Hv*head_v]
   float* undo_g = nullptr;             // [max_undo_rows, Hv] log-decay
   float* undo_beta = nullptr;          // [max_undo_rows, Hv]
+  float* undo_delta = nullptr;         // [max_undo_rows, Hv*head_v] the rows' updates
 };
 
 constexpr int64_t kChunkedThreshold = 32;  // prefill chunks at least this long use the chunked GDN form
@@ -147,6 +148,7 @@ class Qwen35Model final : public TargetModel {
     n_past_ = 0;
     last_start_ = -1;
     last_rows_ = 0;
+    last_undoable_ = false;  // its recorded rows are of the sequence being cleared
     for (auto& s : state_) {
       if (s.conv_state) be_.fill_zero(s.conv_state, conv_state_bytes());
       if (s.ssm_state) be_.fill_zero(s.ssm_state, ssm_state_bytes());
@@ -157,6 +159,10 @@ class Qwen35Model final : public TargetModel {
   ForwardResult forward_device(const int32_t* tokens, int64_t M, const ForwardOptions& opts) override;
   const float* device_taps() const override { return taps_buf_; }
   void rollback(int64_t n_keep) override;
+  // Advances the GDN states over the first n_keep rows of the last (undoable) forward and, when rows are
+  // dropped, rebuilds the conv windows: the end of rollback(), or of a verify whose rows are all kept
+  // (the next forward calls it when no rollback came).
+  void keep_undo_rows(int64_t n_keep);
   void embed(const int32_t* ids, float* out, int64_t M) override;
   void lm_head(const float* h, float* logits, int64_t M) override;
 
@@ -380,13 +386,12 @@ void Qwen35Model::allocate_state() {
       s.ssm_state = alloc<float>(ssm_state_elems());
       s.conv_state_before = alloc<float>((size_t)km1 * conv_dim());
       s.conv_inputs = alloc<float>((size_t)max_undo_rows_ * conv_dim());
-      s.ssm_state_before = alloc<float>(ssm_state_elems());
       const int64_t U = max_undo_rows_, Hk = cfg_.ssm_k_heads, Hv = cfg_.ssm_v_heads;
       s.undo_q = alloc<float>((size_t)U * Hk * cfg_.ssm_head_k);
       s.undo_k = alloc<float>((size_t)U * Hk * cfg_.ssm_head_k);
-      s.undo_v = alloc<float>((size_t)U * cfg_.ssm_inner);
       s.undo_g = alloc<float>((size_t)U * Hv);
       s.undo_beta = alloc<float>((size_t)U * Hv);
+      s.undo_delta = alloc<float>((size_t)U * cfg_.ssm_inner);
       widest = std::max(widest, conv_dim());
     }
   }
@@ -544,11 +549,10 @@ int Qwen35Model::gdn_block(int il, const float* n, const float* nin, float* y, i
     be_.gdn_gates(a_, b_, w.dt_bias, w.ssm_a, M, Hv);  // alpha -> g (log-decay), b -> beta
     be_.gdn_chunked(q_, k_, v_, a_, b_, s.ssm_state, attn_, M, shape);
   } else {
-    // decode and verify: norms, gates and recurrence in one op. An undoable forward keeps the
-    // recurrence's inputs per layer (rollback replays gdn_recurrent on them): the op leaves the
-    // prepared q, k, g, beta, a packed copy of v and the state before the rows (the replay's starting
-    // point) in the undo buffers.
-    const Backend::GdnPrepared undo{s.undo_q, s.undo_k, s.undo_g, s.undo_beta, s.undo_v, s.ssm_state_before};
+    // decode and verify: norms, gates and recurrence in one op. An undoable forward leaves the state
+    // as it was and the rows' updates (prepared k, g and the deltas) in the undo buffers, for
+    // apply_undo_rows.
+    const Backend::GdnPrepared undo{s.undo_q, s.undo_k, s.undo_g, s.undo_beta, s.undo_delta};
     be_.gdn_prepare_recurrent({q, C, k, C, v, C, a_, b_, w.dt_bias, w.ssm_a}, s.ssm_state, attn_,
                               undoable ? &undo : nullptr, M, shape);
   }
@@ -635,6 +639,7 @@ ForwardResult Qwen35Model::forward_device(const int32_t* tokens, int64_t M, cons
 
 ForwardResult Qwen35Model::run_forward(int64_t M, const ForwardOptions& opts, bool tokens_back) {
   const int64_t E = cfg_.n_embd;
+  if (last_undoable_) keep_undo_rows(last_rows_);  // no rollback came: every row of that forward stays
   std::vector<int32_t> pos(M), range(2 * M);
   for (int64_t m = 0; m < M; ++m) {
     pos[m] = static_cast<int32_t>(n_past_ + m);
@@ -689,19 +694,24 @@ ForwardResult Qwen35Model::run_forward(int64_t M, const ForwardOptions& opts, bo
 void Qwen35Model::rollback(int64_t n_keep) {
   DFLASH_CHECK(last_start_ >= 0 && last_undoable_, "rollback needs an undoable forward just before it");
   DFLASH_CHECK(n_keep >= 1 && n_keep <= last_rows_, "rollback keeps {} rows of a {}-row forward", n_keep, last_rows_);
-  if (n_keep == last_rows_) return;
   // KV rows past the kept ones are simply overwritten later (attention never reads beyond n_past).
   n_past_ = last_start_ + n_keep;
+  keep_undo_rows(n_keep);
+}
+
+void Qwen35Model::keep_undo_rows(int64_t n_keep) {
   const int64_t C = conv_dim(), km1 = cfg_.ssm_conv_kernel - 1;
+  const bool drop = n_keep < last_rows_;  // the conv ran over every row: its windows go back only then
   auto ops = [&] {
-    // Every GDN layer's replay is independent of the others': the recurrences over the kept rows from the
-    // states before the forward in one batch (their outputs unwanted), then the conv states.
-    std::vector<Backend::GdnRecurrentJob> replays;
+    // Every GDN layer is independent of the others: the recurrent states advanced over the kept rows'
+    // recorded updates in one batch, then (rows dropped) the conv states.
+    std::vector<Backend::GdnApplyJob> applies;
     std::vector<Backend::CopyJob> copies;
     for (int64_t il = 0; il < cfg_.n_layer; ++il) {
       if (layers_[il].attention) continue;
       LayerState& s = state_[il];
-      replays.push_back({s.undo_q, s.undo_k, s.undo_v, s.undo_g, s.undo_beta, s.ssm_state_before, s.ssm_state, nullptr});
+      applies.push_back({s.undo_k, s.undo_g, s.undo_delta, s.ssm_state});
+      if (!drop) continue;
       // conv state = the last K-1 rows of [state_before ; inputs[0..n_keep)]: rows n_keep .. n_keep + K-2 of
       // that concatenation, at most two contiguous runs (one when n_keep >= K-1)
       const int64_t from_before = std::max<int64_t>(0, km1 - n_keep);  // leading rows still from state_before
@@ -712,12 +722,12 @@ void Qwen35Model::rollback(int64_t n_keep) {
                           sizeof(float) * (km1 - from_before) * C});
     }
     const GdnShape shape{cfg_.ssm_k_heads, cfg_.ssm_v_heads, cfg_.ssm_head_k, cfg_.ssm_head_v()};
-    if (!replays.empty()) be_.gdn_recurrent_batch(replays, n_keep, shape);
+    if (!applies.empty()) be_.gdn_apply_rows_batch(applies, n_keep, shape);
     if (!copies.empty()) be_.copy_batch(copies);
   };
-  // Every pointer and size above depends only on n_keep: one graph per kept-row count (27B: ~100
-  // replays and copies per cycle, launched one by one they cost more than their work).
-  graphs_.run(kRollbackKey | static_cast<uint64_t>(n_keep), ops);
+  // Every pointer and size above depends only on n_keep and whether rows are dropped: one graph each
+  // (27B: ~100 jobs per cycle, launched one by one they cost more than their work).
+  graphs_.run(kRollbackKey | static_cast<uint64_t>(n_keep) | static_cast<uint64_t>(drop) << 32, ops);
   last_rows_ = n_keep;
   last_undoable_ = false;  // a second rollback would need the states before this one
 }

@@ -53,8 +53,8 @@ struct TargetOptions {
   int64_t max_rows = 0;      // the most rows one forward() processes (prefill chunk size); 0: the
                              // backend's Backend::prefill_rows(); never below max_undo_rows
   std::vector<int64_t> tap_layers;  // layer-input ids whose residual stream forward() returns (SPEC 2.5)
-  // The most rows an undoable (verify) forward takes: the GDN layers keep these rows' recurrence
-  // inputs for rollback's replay (27B: ~50 KiB x 48 layers per row, plus one 3 MiB state per layer).
+  // The most rows an undoable (verify) forward takes: the GDN layers keep these rows' conv inputs and
+  // recurrence updates for rollback (27B: ~80 KiB x 48 layers per row; the state is its own checkpoint).
   // Set it to the drafter's block size.
   int64_t max_undo_rows = 16;
 };

@@ -339,30 +339,12 @@ class Backend {
   //   q, k [M, n_k_heads, head_k]; v [M, n_v_heads, head_v]; g, beta [M, n_v_heads]
   //   state_in [n_v_heads, head_k, head_v] (S[p][i][j], i = key dim, j = value dim): the state before
   //     the rows, left as it is; state receives the state after them. state_in == state updates in
-  //     place; otherwise they must not overlap (rollback replays from its checkpoint without a copy).
-  //   out [M, n_v_heads, head_v], or null when the outputs are not wanted (rollback's replay)
+  //     place; otherwise they must not overlap.
+  //   out [M, n_v_heads, head_v], or null when the outputs are not wanted
   //   snapshots: null, or [M, n_v_heads*head_k*head_v]: the state after each row.
   virtual void gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
                              const float* state_in, float* state, float* out, float* snapshots, int64_t M,
                              const GdnShape& shape) = 0;
-  // Independent recurrences of one shape and row count (rollback's replay: one per GDN layer), each
-  // gdn_recurrent(q, k, v, g, beta, state_in, state, out, nullptr, M, shape) with its bits; no job reads
-  // what another writes. The default runs them one by one; a backend may run them together (CUDA: one
-  // launch instead of one per layer).
-  struct GdnRecurrentJob {
-    const float* q = nullptr;
-    const float* k = nullptr;
-    const float* v = nullptr;
-    const float* g = nullptr;
-    const float* beta = nullptr;
-    const float* state_in = nullptr;
-    float* state = nullptr;
-    float* out = nullptr;
-  };
-  virtual void gdn_recurrent_batch(std::span<const GdnRecurrentJob> jobs, int64_t M, const GdnShape& shape) {
-    for (const GdnRecurrentJob& j : jobs)
-      gdn_recurrent(j.q, j.k, j.v, j.g, j.beta, j.state_in, j.state, j.out, nullptr, M, shape);
-  }
   // gdn_prepare_recurrent's inputs as they come out of the conv and the alpha/beta matmuls. q, k, v
   // are read with row strides (floats between rows) so they may point into the conv output [M, C]
   // without copies.
@@ -378,18 +360,18 @@ class Backend {
     const float* dt_bias = nullptr;  // [n_v_heads]
     const float* ssm_a = nullptr;    // [n_v_heads]
   };
-  // Where gdn_prepare_recurrent leaves the inputs it prepared (all packed rows): what a later
-  // gdn_recurrent over the same rows needs (rollback's replay of a verify step).
+  // Where gdn_prepare_recurrent leaves the inputs it prepared (all packed rows) and, for an undoable
+  // step (verify), the rows' updates, so that the state can be advanced over the rows that are kept.
   struct GdnPrepared {
     float* q = nullptr;     // [M, n_k_heads*head_k]
     float* k = nullptr;     // [M, n_k_heads*head_k]
     float* g = nullptr;     // [M, n_v_heads]
     float* beta = nullptr;  // [M, n_v_heads]
-    float* v = nullptr;     // optional: [M, n_v_heads*head_v], a packed copy of in.v (the replay's v)
-    // optional: [n_v_heads, head_k, head_v] receives the state as it was before the rows (the undo
-    // checkpoint the replay starts from); must not overlap state. CUDA writes it from the registers the
-    // recurrence loads anyway (no copy launch).
-    float* state_before = nullptr;
+    // optional: [M, n_v_heads*head_v] receives each row's update delta = (v - S^T k) * beta, the vector
+    // the recurrence adds as k delta^T to the decayed state. With it the op leaves `state` as it was
+    // before the rows (the undo checkpoint is the state itself, nothing is copied) and
+    // gdn_apply_rows_batch(k, g, delta) later advances it over the kept rows with the recurrence's bits.
+    float* delta = nullptr;
   };
   static constexpr float kGdnL2Eps = 1e-6f;  // the eps of GDN's q/k l2 norms
   // The recurrence with its inputs prepared in the same op, for decode and verify (CUDA: one kernel
@@ -398,12 +380,27 @@ class Backend {
   //   beta = sigmoid(in.b), g = ssm_a * softplus(in.a + dt_bias)  (as gdn_gates)
   //   then gdn_recurrent(q, k, v, g, beta, state, state, out, nullptr, M, shape).
   // The inputs are not modified. prepared: null, or the buffers that receive the prepared q, k, g,
-  // beta (and, when prepared->v is set, the packed v): the exact values the recurrence used, so gdn_recurrent over them from the same state gives
-  // this op's state and out bit for bit. They must not overlap the inputs. Each row's prepared values
-  // depend only on that row (never on M); the backend may round them differently from the separate
-  // l2_norm / gdn_gates ops (CUDA sums the squares in another order).
+  // beta: the exact values the recurrence used, so gdn_recurrent over them (and v) from the same state
+  // gives this op's state and out bit for bit. With prepared->delta the op is undoable: out as always,
+  // the state left as it was, the rows' updates in delta (see GdnPrepared). The buffers must not
+  // overlap the inputs. Each row's prepared values depend only on that row (never on M); the backend
+  // may round them differently from the separate l2_norm / gdn_gates ops (CUDA sums the squares in
+  // another order).
   virtual void gdn_prepare_recurrent(const GdnRawInputs& in, float* state, float* out, const GdnPrepared* prepared,
                                      int64_t M, const GdnShape& shape) = 0;
+  // Advances states over the first M rows of an undoable gdn_prepare_recurrent (rollback; and a verify
+  // step whose rows are all kept): per job, for m = 0 .. M-1 in order, every element
+  //   S[p][i][j] *= exp(g[m][p]);  S[p][i][j] += k[m][p % n_k_heads][i] * delta[m][p][j]
+  // rounded as the backend's recurrence rounds that update, so the state is bit for bit the one the
+  // recurrence over those rows leaves. k, g, delta are the op's GdnPrepared buffers. Elementwise (the
+  // sums over the key dim are in delta already): CUDA runs every job in one bandwidth-bound launch.
+  struct GdnApplyJob {
+    const float* k = nullptr;      // [M, n_k_heads*head_k] (l2-normed, as prepared)
+    const float* g = nullptr;      // [M, n_v_heads] log-decay
+    const float* delta = nullptr;  // [M, n_v_heads*head_v]
+    float* state = nullptr;        // [n_v_heads, head_k, head_v], advanced in place
+  };
+  virtual void gdn_apply_rows_batch(std::span<const GdnApplyJob> jobs, int64_t M, const GdnShape& shape) = 0;
   // The same computation in chunked (WY / UT) form for prefill: equal to gdn_recurrent up to fp32
   // rounding, much faster for long M. Backends may fall back to the recurrence. Unlike the other ops
   // its bits depend on M (a row's result depends on its chunk), so it is for prefill only; decode and

@@ -17,7 +17,7 @@
 // Slots: each is a TargetModel + Engine (+ DFlashDrafter) over ONE shared gguf::File mapping and
 // one Backend. On the CPU backend the weights stay in the mapping (upload_weight keeps pointers), so
 // a slot costs its own state: KV cache (n_ctx x kv width per attention layer), GDN conv/recurrent
-// state with what a rollback replays, and the forward scratch (max_rows x n_vocab logits); plus the
+// state with what a rollback needs, and the forward scratch (max_rows x n_vocab logits); plus the
 // drafter's context cache when one is loaded.
 #pragma once
 

@@ -727,11 +727,12 @@ TEST(CudaOps, GdnRecurrent) {
   }
 }
 
-// gdn_recurrent_batch (rollback's replay of every GDN layer in one launch): each job's state and out
-// bit for bit those of its own gdn_recurrent (from a checkpoint, out of place), state_in untouched; out
-// null leaves the states the same; more jobs than one launch takes (48) go in several. The job's state
-// against the CPU's at gdn_recurrent's bound.
-TEST(CudaOps, GdnRecurrentBatch) {
+// gdn_apply_rows_batch (rollback: every GDN layer's state advanced over the kept rows in one launch):
+// each job's rows recorded by an undoable gdn_prepare_recurrent of its own random inputs; applying the
+// first n gives bit for bit the state the plain op leaves after those n rows (so the same as if the
+// other rows had never been seen), for n = 1 .. M; the guards hold; more jobs than one launch takes (64)
+// go in several. The last job against the CPU's apply at gdn_recurrent's bound.
+TEST(CudaOps, GdnApplyRowsBatch) {
   REQUIRE_GPU();
   std::mt19937 rng(33);
   struct Case {
@@ -740,61 +741,75 @@ TEST(CudaOps, GdnRecurrentBatch) {
     int jobs;
   };
   const GdnShape big{16, 48, 128, 128};
-  const Case cases[] = {{big, 1, 3}, {big, 4, 3}, {{2, 4, 32, 64}, 3, 4}, {{2, 4, 16, 16}, 2, 50}};
+  const Case cases[] = {{big, 1, 3}, {big, 8, 3}, {{2, 4, 32, 64}, 3, 4}, {{2, 4, 16, 16}, 2, 70}, {{1, 2, 40, 24}, 3, 2}};
   auto bits = [](const std::vector<float>& x, const std::vector<float>& y) {
     return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
   };
   for (const Case& cs : cases) {
     const GdnShape& s = cs.s;
-    const int64_t M = cs.M, hs = s.n_v_heads * s.head_k * s.head_v, no = M * s.n_v_heads * s.head_v;
-    const std::string shp = shape_str({cs.jobs, M, s.n_k_heads, s.n_v_heads, s.head_k, s.head_v});
-    std::vector<GdnInputs> in;
-    std::vector<std::unique_ptr<Buf<float>>> bufs;  // per job: q k v g beta state_in, then the outputs
-    auto buf = [&](Backend& be, auto&&... a) {
-      bufs.push_back(std::make_unique<Buf<float>>(be, a...));
-      return bufs.back()->get_ptr();
+    const int64_t M = cs.M, Hk = s.n_k_heads, Hv = s.n_v_heads, nqk = Hk * s.head_k, nv = Hv * s.head_v;
+    const int64_t C = 2 * nqk + nv, hs = Hv * s.head_k * s.head_v;
+    struct Job {
+      std::vector<float> conv, a, b, dt, sa, st0;
+      std::unique_ptr<Buf<float>> xg, ag, bg, dg, sag, pq, pk, pg, pb, delta;
     };
-    std::vector<Backend::GdnRecurrentJob> jobs, jobs_no_out;
-    std::vector<float*> ref_state, ref_out, st, out, st2;
-    for (int j = 0; j < cs.jobs; ++j) {
-      in.push_back(gdn_inputs(s, M, rng));
-      const GdnInputs& x = in.back();
-      float *q = buf(gpu(), x.q), *k = buf(gpu(), x.k), *v = buf(gpu(), x.v), *g = buf(gpu(), x.g),
-            *b = buf(gpu(), x.beta), *s_in = buf(gpu(), x.state);
-      ref_state.push_back(buf(gpu(), hs));
-      ref_out.push_back(buf(gpu(), no));
-      gpu().gdn_recurrent(q, k, v, g, b, s_in, ref_state.back(), ref_out.back(), nullptr, M, s);
-      st.push_back(buf(gpu(), hs));
-      out.push_back(buf(gpu(), no));
-      st2.push_back(buf(gpu(), hs));
-      jobs.push_back({q, k, v, g, b, s_in, st.back(), out.back()});
-      jobs_no_out.push_back({q, k, v, g, b, s_in, st2.back(), nullptr});
-    }
-    gpu().gdn_recurrent_batch(jobs, M, s);
-    gpu().gdn_recurrent_batch(jobs_no_out, M, s);
-    auto get = [&](const float* p) {
-      for (const auto& b : bufs)
-        if (b->get_ptr() == p) return std::make_pair(b->get(), b->guard_ok());
-      return std::make_pair(std::vector<float>{}, false);
+    std::vector<Job> js(static_cast<size_t>(cs.jobs));
+    auto raw = [&](Job& x) {  // the job's rows (the first n of them for n-row calls)
+      const float* c = x.xg->get_ptr();
+      return Backend::GdnRawInputs{c, C, c + nqk, C, c + 2 * nqk, C, x.ag->get_ptr(), x.bg->get_ptr(),
+                                   x.dg->get_ptr(), x.sag->get_ptr()};
     };
-    bool same = true, untouched = true;
-    for (int j = 0; j < cs.jobs; ++j) {
-      const auto rs = get(ref_state[j]), ro = get(ref_out[j]), bs = get(st[j]), bo = get(out[j]), bs2 = get(st2[j]);
-      same = same && bits(bs.first, rs.first) && bits(bo.first, ro.first) && bits(bs2.first, rs.first) && bs.second &&
-             bo.second && bs2.second;
-      const auto sin = get(jobs[j].state_in);
-      untouched = untouched && bits(sin.first, in[j].state) && sin.second;
+    bool untouched = true;
+    for (Job& x : js) {
+      x.conv = randn_vec(rng, M * C), x.a = randn_vec(rng, M * Hv, 3.0f), x.b = randn_vec(rng, M * Hv, 3.0f);
+      x.dt = randn_vec(rng, Hv), x.sa = rand_vec(rng, Hv, -8.0f, -0.01f), x.st0 = randn_vec(rng, hs, 0.3f);
+      x.xg = std::make_unique<Buf<float>>(gpu(), x.conv), x.ag = std::make_unique<Buf<float>>(gpu(), x.a);
+      x.bg = std::make_unique<Buf<float>>(gpu(), x.b), x.dg = std::make_unique<Buf<float>>(gpu(), x.dt);
+      x.sag = std::make_unique<Buf<float>>(gpu(), x.sa);
+      x.pq = std::make_unique<Buf<float>>(gpu(), M * nqk), x.pk = std::make_unique<Buf<float>>(gpu(), M * nqk);
+      x.pg = std::make_unique<Buf<float>>(gpu(), M * Hv), x.pb = std::make_unique<Buf<float>>(gpu(), M * Hv);
+      x.delta = std::make_unique<Buf<float>>(gpu(), M * nv);
+      Buf<float> st(gpu(), x.st0), out(gpu(), M * nv);
+      const Backend::GdnPrepared undo{x.pq->get_ptr(), x.pk->get_ptr(), x.pg->get_ptr(), x.pb->get_ptr(),
+                                      x.delta->get_ptr()};
+      gpu().gdn_prepare_recurrent(raw(x), st, out, &undo, M, s);
+      untouched = untouched && bits(st.get(), x.st0) && st.guard_ok();
     }
-    record({"gdn_recurrent_batch == per-job gdn_recurrent", shp, 0, 0, 0, same && untouched,
-            same && untouched ? "states, outs memcmp equal; state_in untouched" : "differs"});
-    EXPECT_TRUE(same && untouched) << shp;
-    // the last job against the CPU
-    const GdnInputs& x = in.back();
-    Buf<float> qc(cpu(), x.q), kc(cpu(), x.k), vc(cpu(), x.v), gc(cpu(), x.g), bc(cpu(), x.beta), sc(cpu(), x.state),
-        oc(cpu(), no), sco(cpu(), hs);
-    cpu().gdn_recurrent(qc, kc, vc, gc, bc, sc, sco, oc, nullptr, M, s);
-    const auto bs = get(st.back());
-    check("gdn_recurrent_batch state", shp, bs.first, sco.get(), 1e-9, bs.second);
+    const std::string shp0 = shape_str({cs.jobs, M, Hk, Hv, s.head_k, s.head_v});
+    record({"gdn_prepare_recurrent undoable: state untouched", shp0, 0, 0, 0, untouched,
+            untouched ? "states memcmp equal to before" : "a state changed"});
+    EXPECT_TRUE(untouched) << shp0;
+    for (int64_t n = 1; n <= M; ++n) {
+      const std::string shp = shp0 + fmt::format(" keep {}", n);
+      std::vector<std::unique_ptr<Buf<float>>> states;
+      std::vector<Backend::GdnApplyJob> jobs;
+      for (Job& x : js) {
+        states.push_back(std::make_unique<Buf<float>>(gpu(), x.st0));
+        jobs.push_back({x.pk->get_ptr(), x.pg->get_ptr(), x.delta->get_ptr(), states.back()->get_ptr()});
+      }
+      gpu().gdn_apply_rows_batch(jobs, n, s);
+      bool same = true;
+      for (size_t j = 0; j < js.size(); ++j) {  // the plain op over the first n rows
+        Buf<float> want(gpu(), js[j].st0), out(gpu(), n * nv);
+        gpu().gdn_prepare_recurrent(raw(js[j]), want, out, nullptr, n, s);
+        same = same && bits(states[j]->get(), want.get()) && states[j]->guard_ok();
+      }
+      record({"gdn_apply_rows_batch == the op over the kept rows", shp, 0, 0, 0, same,
+              same ? "every job's state memcmp equal, guards intact" : "differs"});
+      EXPECT_TRUE(same) << shp;
+      // the last job against the CPU: its own undoable op and apply
+      Job& x = js.back();
+      Buf<float> xc(cpu(), x.conv), ac(cpu(), x.a), bc(cpu(), x.b), dc(cpu(), x.dt), sac(cpu(), x.sa),
+          sc(cpu(), x.st0), oc(cpu(), M * nv), pqc(cpu(), M * nqk), pkc(cpu(), M * nqk), pgc(cpu(), M * Hv),
+          pbc(cpu(), M * Hv), dlc(cpu(), M * nv);
+      const Backend::GdnPrepared undo_c{pqc, pkc, pgc, pbc, dlc};
+      cpu().gdn_prepare_recurrent({xc, C, xc.get_ptr() + nqk, C, xc.get_ptr() + 2 * nqk, C, ac, bc, dc, sac}, sc, oc,
+                                  &undo_c, M, s);
+      if (n == 1) check("gdn_prepare_recurrent undoable delta", shp0, x.delta->get(), dlc.get(), 1e-9, x.delta->guard_ok());
+      const Backend::GdnApplyJob cj[] = {{pkc, pgc, dlc, sc}};
+      cpu().gdn_apply_rows_batch(cj, n, s);
+      check("gdn_apply_rows_batch state", shp, states.back()->get(), sc.get(), 1e-9, states.back()->guard_ok());
+    }
   }
 }
 
@@ -830,8 +845,8 @@ TEST(CudaOps, CopyBatch) {
 // conv rows [M, C] (q | k | v read with row stride C) against the CPU's op sequence: out and state at
 // gdn_recurrent's bound, the prepared q, k, g, beta at the norms' / gates' bound. On the GPU, bit for
 // bit: the inputs are left as they were, M rows == M one-row calls (state carried, prepared values
-// too), no `prepared` gives the same out and state, and gdn_recurrent over the prepared values from
-// the same state (rollback's replay) gives the op's state and out. M = 11 spans two staging blocks.
+// too), no `prepared` gives the same out and state, and the undoable form (GdnPrepared::delta) the same
+// out with the state untouched (its deltas: CudaOps.GdnApplyRowsBatch). M = 11 spans two staging blocks.
 TEST(CudaOps, GdnPrepareRecurrent) {
   REQUIRE_GPU();
   std::mt19937 rng(34);
@@ -855,13 +870,10 @@ TEST(CudaOps, GdnPrepareRecurrent) {
       return Backend::GdnRawInputs{x, C, x + nqk, C, x + 2 * nqk, C, av, bv, d, A};
     };
     Buf<float> xg(gpu(), conv), ag(gpu(), a), bg(gpu(), b), dg(gpu(), dt), sag(gpu(), sa), sg(gpu(), st0),
-        og(gpu(), M * nv), pqg(gpu(), M * nqk), pkg(gpu(), M * nqk), pgg(gpu(), M * Hv), pbg(gpu(), M * Hv),
-        pvg(gpu(), M * nv);
+        og(gpu(), M * nv), pqg(gpu(), M * nqk), pkg(gpu(), M * nqk), pgg(gpu(), M * Hv), pbg(gpu(), M * Hv);
     Buf<float> xc(cpu(), conv), ac(cpu(), a), bc(cpu(), b), dc(cpu(), dt), sac(cpu(), sa), sc(cpu(), st0),
-        oc(cpu(), M * nv), pqc(cpu(), M * nqk), pkc(cpu(), M * nqk), pgc(cpu(), M * Hv), pbc(cpu(), M * Hv),
-        pvc(cpu(), M * nv);
-    Buf<float> sbg(gpu(), hs), sbc(cpu(), hs);  // the state before the rows (the undo checkpoint)
-    const Backend::GdnPrepared prep_g{pqg, pkg, pgg, pbg, pvg, sbg}, prep_c{pqc, pkc, pgc, pbc, pvc, sbc};
+        oc(cpu(), M * nv), pqc(cpu(), M * nqk), pkc(cpu(), M * nqk), pgc(cpu(), M * Hv), pbc(cpu(), M * Hv);
+    const Backend::GdnPrepared prep_g{pqg, pkg, pgg, pbg}, prep_c{pqc, pkc, pgc, pbc};
     gpu().gdn_prepare_recurrent(raw(xg, ag, bg, dg, sag), sg, og, &prep_g, M, s);
     cpu().gdn_prepare_recurrent(raw(xc, ac, bc, dc, sac), sc, oc, &prep_c, M, s);
     const auto out = og.get(), st = sg.get(), pq = pqg.get(), pk = pkg.get(), pg = pgg.get(), pb = pbg.get();
@@ -871,8 +883,6 @@ TEST(CudaOps, GdnPrepareRecurrent) {
     check("gdn_prepare_recurrent prepared k", shp, pk, pkc.get(), 1e-11, pkg.guard_ok());
     check("gdn_prepare_recurrent prepared g", shp, pg, pgc.get(), 1e-11, pgg.guard_ok());
     check("gdn_prepare_recurrent prepared beta", shp, pb, pbc.get(), 1e-11, pbg.guard_ok());
-    check("gdn_prepare_recurrent prepared v (packed copy)", shp, pvg.get(), pvc.get(), 0, pvg.guard_ok());
-    check("gdn_prepare_recurrent state before the rows", shp, sbg.get(), st0, 0, sbg.guard_ok());
     {  // the inputs are read only
       const bool same = bits(xg.get(), conv) && bits(ag.get(), a) && bits(bg.get(), b);
       record({"gdn_prepare_recurrent inputs unchanged", shp, 0, 0, 0, same,
@@ -902,12 +912,15 @@ TEST(CudaOps, GdnPrepareRecurrent) {
               same ? "out + state + prepared memcmp equal" : "differs"});
       EXPECT_TRUE(same) << shp;
     }
-    {  // rollback's replay: gdn_recurrent over the prepared values and v, from the checkpoint (out of place)
-      Buf<float> ck(gpu(), st0), s3(gpu(), st0.size()), o3(gpu(), M * nv);
-      gpu().gdn_recurrent(pqg, pkg, pvg, pgg, pbg, ck, s3, o3, nullptr, M, s);
-      const bool same = bits(s3.get(), st) && bits(o3.get(), out) && ck.get() == st0;
-      record({"gdn_prepare_recurrent replay (gdn_recurrent on prepared)", shp, 0, 0, 0, same,
-              same ? "state + out memcmp equal" : "differs"});
+    {  // undoable (a delta buffer): the same out and prepared values, the state left as it was
+      Buf<float> s3(gpu(), st0), o3(gpu(), M * nv), q3(gpu(), M * nqk), k3(gpu(), M * nqk), g3(gpu(), M * Hv),
+          b3(gpu(), M * Hv), d3(gpu(), M * nv);
+      const Backend::GdnPrepared undo{q3, k3, g3, b3, d3};
+      gpu().gdn_prepare_recurrent(raw(xg, ag, bg, dg, sag), s3, o3, &undo, M, s);
+      const bool same = bits(o3.get(), out) && bits(s3.get(), st0) && bits(q3.get(), pq) && bits(k3.get(), pk) &&
+                        bits(g3.get(), pg) && bits(b3.get(), pb) && s3.guard_ok() && d3.guard_ok();
+      record({"gdn_prepare_recurrent undoable", shp, 0, 0, 0, same,
+              same ? "out + prepared memcmp equal, state untouched" : "differs"});
       EXPECT_TRUE(same) << shp;
     }
   }

@@ -151,6 +151,39 @@ TEST_P(TargetModelTest, RollbackEqualsNeverSeeingTheRows) {
   }
 }
 
+// An undoable forward whose rows are all kept needs no rollback: whatever forward comes next (another
+// undoable block, a one-row decode step, a prefill chunk, or a rollback keeping every row) sees the
+// state of a plain forward of those rows. (An undoable forward leaves the GDN states as they were and
+// records the rows' updates; they are applied when the next call needs them.)
+TEST_P(TargetModelTest, UndoableForwardWithoutRollbackKeepsEveryRow) {
+  const Case c = GetParam();
+  Loaded a = load(tiny(c.arch, c.type, c.prism), std::string("keep_") + c.arch + ".gguf");
+  Loaded b = load(tiny(c.arch, c.type, c.prism), std::string("keep_b_") + c.arch + ".gguf");
+  const auto prompt = random_tokens(7, 5, 500);
+  prefill(*a.model, prompt);
+  prefill(*b.model, prompt);
+  ForwardOptions u, lo;
+  u.undoable = true;
+  lo.want_logits = true;
+  int64_t seed = 600;
+  for (int64_t next_rows : {int64_t{4}, int64_t{1}, int64_t{40}, int64_t{0}}) {
+    const auto block = random_tokens(5, seed++, 500);
+    a.model->forward(block, u);
+    b.model->forward(block, ForwardOptions{});
+    if (next_rows == 0) {  // a rollback that keeps every row, then one decode step
+      a.model->rollback(5);
+      next_rows = 1;
+    }
+    const auto next = random_tokens(next_rows, seed++, 500);
+    ForwardOptions nu = lo;
+    nu.undoable = next_rows <= 8;  // the next block undoable too (and left without a rollback again)
+    const ForwardResult ra = a.model->forward(next, nu);
+    const ForwardResult rb = b.model->forward(next, lo);
+    ASSERT_EQ(a.model->n_past(), b.model->n_past());
+    ASSERT_EQ(ra.logits, rb.logits) << next_rows << " rows after an undoable forward without a rollback";
+  }
+}
+
 // Prefill in chunks of any size gives the same greedy continuation (chunked GDN is exact up to
 // rounding, so compare argmax sequences rather than bits).
 TEST_P(TargetModelTest, ChunkedPrefillMatchesTokenByToken) {

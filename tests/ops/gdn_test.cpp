@@ -201,42 +201,55 @@ TEST(CpuGdnRecurrent, RowsAtOnceEqualRowByRowAndSnapshotsEqualShorterRuns) {
   EXPECT_TRUE(same_bits(t1.snapshots.data(), all.snapshots.data(), all.snapshots.size()));
 }
 
-// ---- batches (rollback's replay) ----------------------------------------------------------------------
+// ---- undo: the recorded rows' updates (rollback) ------------------------------------------------------
 
-// gdn_recurrent_batch's default: each job's state (and out, when given) bit for bit its own
-// gdn_recurrent's, from a checkpoint that stays as it was; copy_batch's: each job's bytes copied.
-TEST(CpuGdnRecurrentBatch, EachJobAsItsOwnCall) {
+// An undoable gdn_prepare_recurrent (GdnPrepared::delta) leaves the state as it was and its out as the
+// plain op's; gdn_apply_rows_batch over its first n rows gives, for every n and in one batch of jobs with
+// their own data, bit for bit the state of gdn_recurrent over those n rows.
+TEST(CpuGdnApplyRows, KeptRowsEqualTheRecurrence) {
   std::mt19937 rng(27);
   auto be = make_cpu_backend(2);
-  const GdnShape s{2, 4, 32, 16};
-  const int64_t M = 3, nqk = s.n_k_heads * s.head_k, nv = s.n_v_heads * s.head_v, hs = s.n_v_heads * s.head_k * s.head_v;
-  struct Job {
-    std::vector<float> q, k, v, g, beta, state_in, state, out, want_state, want_out;
-  };
-  std::vector<Job> js(3);
-  std::vector<Backend::GdnRecurrentJob> jobs;
-  for (size_t j = 0; j < js.size(); ++j) {
-    Job& x = js[j];
-    x.q = random_vec(rng, M * nqk, -0.2f, 0.2f), x.k = random_vec(rng, M * nqk, -0.2f, 0.2f);
-    x.v = random_vec(rng, M * nv), x.g = random_vec(rng, M * s.n_v_heads, -0.7f, -0.01f);
-    x.beta = random_vec(rng, M * s.n_v_heads, 0.1f, 0.9f), x.state_in = random_vec(rng, hs, -0.5f, 0.5f);
-    x.state.assign(hs, 0.0f), x.out.assign(M * nv, 0.0f), x.want_state.assign(hs, 0.0f), x.want_out.assign(M * nv, 0.0f);
-    be->gdn_recurrent(x.q.data(), x.k.data(), x.v.data(), x.g.data(), x.beta.data(), x.state_in.data(),
-                      x.want_state.data(), x.want_out.data(), nullptr, M, s);
-    // job 1 does not want its outputs
-    jobs.push_back({x.q.data(), x.k.data(), x.v.data(), x.g.data(), x.beta.data(), x.state_in.data(), x.state.data(),
-                    j == 1 ? nullptr : x.out.data()});
-  }
-  const std::vector<float> checkpoint0 = js[0].state_in;
-  be->gdn_recurrent_batch(jobs, M, s);
-  for (size_t j = 0; j < js.size(); ++j) {
-    SCOPED_TRACE(testing::Message() << "job " << j);
-    EXPECT_TRUE(same_bits(js[j].state.data(), js[j].want_state.data(), hs));
-    if (j != 1) {
-      EXPECT_TRUE(same_bits(js[j].out.data(), js[j].want_out.data(), M * nv));
+  for (const GdnShape& s : {GdnShape{2, 4, 32, 16}, GdnShape{1, 3, 128, 64}}) {
+    SCOPED_TRACE(testing::Message() << "Hk " << s.n_k_heads << " Hv " << s.n_v_heads << " dk " << s.head_k);
+    const int64_t M = 5, Hv = s.n_v_heads, nqk = s.n_k_heads * s.head_k, nv = Hv * s.head_v;
+    const int64_t hs = Hv * s.head_k * s.head_v;
+    struct Job {
+      std::vector<float> q, k, v, a, b, dt, A, state0, pq, pk, pg, pb, delta;
+    };
+    std::vector<Job> js(3);
+    for (Job& x : js) {
+      x.q = random_vec(rng, M * nqk, -2, 2), x.k = random_vec(rng, M * nqk, -2, 2), x.v = random_vec(rng, M * nv);
+      x.a = random_vec(rng, M * Hv, -6, 6), x.b = random_vec(rng, M * Hv, -6, 6);
+      x.dt = random_vec(rng, Hv), x.A = random_vec(rng, Hv, -4, -0.1f);
+      x.state0 = random_vec(rng, hs, -0.5f, 0.5f);
+      x.pq.assign(M * nqk, 0.0f), x.pk.assign(M * nqk, 0.0f), x.pg.assign(M * Hv, 0.0f), x.pb.assign(M * Hv, 0.0f);
+      x.delta.assign(M * nv, -1.0f);
+      const Backend::GdnRawInputs in{x.q.data(), nqk, x.k.data(), nqk, x.v.data(), nv,
+                                     x.a.data(), x.b.data(), x.dt.data(), x.A.data()};
+      const Backend::GdnPrepared undo{x.pq.data(), x.pk.data(), x.pg.data(), x.pb.data(), x.delta.data()};
+      std::vector<float> st = x.state0, out(M * nv), st_plain = x.state0, out_plain(M * nv);
+      be->gdn_prepare_recurrent(in, st.data(), out.data(), &undo, M, s);
+      be->gdn_prepare_recurrent(in, st_plain.data(), out_plain.data(), nullptr, M, s);
+      EXPECT_EQ(st, x.state0) << "an undoable step leaves the state as it was";
+      EXPECT_TRUE(same_bits(out.data(), out_plain.data(), out.size())) << "undoable out == plain out";
+    }
+    for (int64_t n = 1; n <= M; ++n) {
+      SCOPED_TRACE(testing::Message() << "kept rows " << n);
+      std::vector<std::vector<float>> states;
+      std::vector<Backend::GdnApplyJob> jobs;
+      for (const Job& x : js) states.push_back(x.state0);
+      for (size_t j = 0; j < js.size(); ++j)
+        jobs.push_back({js[j].pk.data(), js[j].pg.data(), js[j].delta.data(), states[j].data()});
+      be->gdn_apply_rows_batch(jobs, n, s);
+      for (size_t j = 0; j < js.size(); ++j) {
+        const Job& x = js[j];
+        std::vector<float> want = x.state0;  // the recurrence over the first n rows, from the prepared inputs
+        be->gdn_recurrent(x.pq.data(), x.pk.data(), x.v.data(), x.pg.data(), x.pb.data(), want.data(), want.data(),
+                          nullptr, nullptr, n, s);
+        EXPECT_TRUE(same_bits(states[j].data(), want.data(), want.size())) << "job " << j;
+      }
     }
   }
-  EXPECT_EQ(js[0].state_in, checkpoint0);
 
   std::vector<float> a = random_vec(rng, 37), b = random_vec(rng, 5), a2(37, 0.0f), b2(5, 0.0f);
   const Backend::CopyJob copies[] = {{a2.data(), a.data(), a.size() * sizeof(float)},
@@ -286,26 +299,16 @@ TEST(CpuGdnPrepareRecurrent, EqualsOpSequenceBitForBit) {
 
         // the op, with and without `prepared`; the inputs stay as they were
         const auto conv_in = conv, qp_in = qp, kp_in = kp, vp_in = vp;
-        std::vector<float> pq(M * nqk), pk(M * nqk), pg(M * Hv), pb(M * Hv), pv(M * nv, -1.0f);
-        std::vector<float> before(state0.size(), -1.0f);
-        const Backend::GdnPrepared prep{pq.data(), pk.data(), pg.data(), pb.data(), pv.data(), before.data()};
+        std::vector<float> pq(M * nqk), pk(M * nqk), pg(M * Hv), pb(M * Hv);
+        const Backend::GdnPrepared prep{pq.data(), pk.data(), pg.data(), pb.data()};
         std::vector<float> st = state0, out(M * nv, -1.0f);
         be->gdn_prepare_recurrent(in, st.data(), out.data(), &prep, M, s);
-        EXPECT_TRUE(same_bits(before.data(), state0.data(), before.size())) << "the state before the rows";
         EXPECT_TRUE(same_bits(out.data(), out_ref.data(), out.size())) << "out";
         EXPECT_TRUE(same_bits(st.data(), st_ref.data(), st.size())) << "state";
         EXPECT_TRUE(same_bits(pq.data(), q.data(), q.size())) << "prepared q";
         EXPECT_TRUE(same_bits(pk.data(), k.data(), k.size())) << "prepared k";
         EXPECT_TRUE(same_bits(pg.data(), g.data(), g.size())) << "prepared g";
         EXPECT_TRUE(same_bits(pb.data(), beta.data(), beta.size())) << "prepared beta";
-        EXPECT_TRUE(same_bits(pv.data(), v.data(), v.size())) << "prepared v (the packed copy)";
-        {  // without prepared v: the same results
-          std::vector<float> pq4(M * nqk), pk4(M * nqk), pg4(M * Hv), pb4(M * Hv), st4 = state0, out4(M * nv);
-          const Backend::GdnPrepared p4{pq4.data(), pk4.data(), pg4.data(), pb4.data()};
-          be->gdn_prepare_recurrent(in, st4.data(), out4.data(), &p4, M, s);
-          EXPECT_TRUE(same_bits(out4.data(), out_ref.data(), out4.size()) && same_bits(pq4.data(), q.data(), q.size()))
-              << "prepared without v";
-        }
         std::vector<float> st2 = state0, out2(M * nv, -1.0f);
         be->gdn_prepare_recurrent(in, st2.data(), out2.data(), nullptr, M, s);
         EXPECT_TRUE(same_bits(out2.data(), out_ref.data(), out2.size())) << "out (no prepared)";
@@ -340,14 +343,11 @@ TEST(CpuGdnPrepareRecurrent, EqualsOpSequenceBitForBit) {
         expect_close(pg, gr, 1e-6, 1e-5, "prepared g vs double");
         expect_close(pb, br, 1e-7, 1e-6, "prepared beta vs double");
 
-        // rollback's replay: gdn_recurrent over the prepared values (and v) gives the op's state
-        // (from the checkpoint, out of place: the checkpoint stays as it was)
-        const std::vector<float> checkpoint = state0;
-        std::vector<float> st3(state0.size(), -1.0f), out3(M * nv);
-        be->gdn_recurrent(pq.data(), pk.data(), pv.data(), pg.data(), pb.data(), checkpoint.data(), st3.data(),
-                          out3.data(), nullptr, M, s);
-        EXPECT_TRUE(same_bits(st3.data(), st.data(), st.size())) << "replayed state";
-        EXPECT_EQ(checkpoint, state0) << "state_in left as it was";
+        // gdn_recurrent over the prepared values (and v) gives the op's state
+        std::vector<float> st3 = state0, out3(M * nv);
+        be->gdn_recurrent(pq.data(), pk.data(), v.data(), pg.data(), pb.data(), st3.data(), st3.data(), out3.data(),
+                          nullptr, M, s);
+        EXPECT_TRUE(same_bits(st3.data(), st.data(), st.size())) << "recurrence over the prepared values";
 
         // the lossless contract: M rows at once == one row at a time (state carried)
         std::vector<float> st1 = state0, out1(M * nv), pq1(M * nqk), pk1(M * nqk), pg1(M * Hv), pb1(M * Hv);

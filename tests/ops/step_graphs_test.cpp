@@ -80,6 +80,9 @@ class FakeGraphBackend final : public Backend {
                              const GdnShape& s) override {
     cpu_->gdn_prepare_recurrent(in, st, o, p, M, s);
   }
+  void gdn_apply_rows_batch(std::span<const GdnApplyJob> jobs, int64_t M, const GdnShape& s) override {
+    cpu_->gdn_apply_rows_batch(jobs, M, s);
+  }
   void gdn_chunked(const float* q, const float* k, const float* v, const float* g, const float* b, float* st,
                    float* o, int64_t M, const GdnShape& s) override {
     cpu_->gdn_chunked(q, k, v, g, b, st, o, M, s);

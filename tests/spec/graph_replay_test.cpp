@@ -115,6 +115,10 @@ class ReplayGraphBackend final : public Backend {
     const GdnPrepared prep = has ? *p : GdnPrepared{};
     op([=, this] { cpu_->gdn_prepare_recurrent(in, st, o, has ? &prep : nullptr, M, s); });
   }
+  void gdn_apply_rows_batch(std::span<const GdnApplyJob> jobs, int64_t M, const GdnShape& s) override {
+    std::vector<GdnApplyJob> copy(jobs.begin(), jobs.end());  // the span does not outlive the capture
+    op([=, this] { cpu_->gdn_apply_rows_batch(copy, M, s); });
+  }
   void gdn_chunked(const float* q, const float* k, const float* v, const float* g, const float* b, float* st,
                    float* o, int64_t M, const GdnShape& s) override {
     op([=, this] { cpu_->gdn_chunked(q, k, v, g, b, st, o, M, s); });

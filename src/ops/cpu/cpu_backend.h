@@ -62,6 +62,7 @@ class CpuBackend final : public Backend {
                      const float* state_in, float* state, float* out, float* snapshots, int64_t M, const GdnShape& shape) override;
   void gdn_prepare_recurrent(const GdnRawInputs& in, float* state, float* out, const GdnPrepared* prepared,
                              int64_t M, const GdnShape& shape) override;
+  void gdn_apply_rows_batch(std::span<const GdnApplyJob> jobs, int64_t M, const GdnShape& shape) override;
   void gdn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
                    float* state, float* out, int64_t M, const GdnShape& shape) override;
 
@@ -77,6 +78,10 @@ class CpuBackend final : public Backend {
   ThreadPool& pool() { return pool_; }
 
  private:
+  // gdn_recurrent in place on `state`; deltas: null, or [M, Hv, head_v] receives each row's update.
+  void recurrence(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
+                  float* out, float* snapshots, float* deltas, int64_t M, const GdnShape& shape);
+
   std::unique_ptr<ThreadPool> own_pool_;
   ThreadPool& pool_;
 };

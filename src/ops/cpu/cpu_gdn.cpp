@@ -62,16 +62,24 @@ static void check_shape(const GdnShape& s, const char* op) {
 
 // ---- sequential recurrence ------------------------------------------------------------------------
 
+// The state's two per-row steps, shared by the recurrence and gdn_apply_rows_batch so that both round
+// alike: the decay of a state row Si [dv], and the update k_i delta^T added to it after the decay.
+static inline void decay_state_row(float* Si, float decay, int64_t dv) {
+  for (int64_t j = 0; j < dv; ++j) Si[j] *= decay;
+}
+static inline void add_state_update(float* Si, float ki, const float* delta, int64_t dv) {
+  for (int64_t j = 0; j < dv; ++j) Si[j] += ki * delta[j];
+}
+
 // Per V head p (one task each), per row in order, with S = state[p] of [head_k][head_v]:
 //   S *= exp(g);  kv = S^T k;  delta = (v - kv) * beta;  S += k delta^T;  o = S^T q
-// Sums over the key dim i run in increasing i (two passes over S per row).
-void CpuBackend::gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                               const float* state_in, float* state, float* out, float* snapshots, int64_t M,
-                               const GdnShape& shape) {
-  check_shape(shape, "gdn_recurrent");
+// Sums over the key dim i run in increasing i (two passes over S per row). deltas: null, or [M, Hv, dv]
+// receives each row's delta.
+void CpuBackend::recurrence(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                            float* state, float* out, float* snapshots, float* deltas, int64_t M,
+                            const GdnShape& shape) {
   const int64_t Hk = shape.n_k_heads, Hv = shape.n_v_heads, dk = shape.head_k, dv = shape.head_v;
   const int64_t head_state = dk * dv;
-  if (state_in != state) std::memcpy(state, state_in, static_cast<size_t>(Hv * head_state) * sizeof(float));
   pool_.parallel_for(Hv, 1, [&](int64_t p0, int64_t p1) {
     std::vector<float> kv(static_cast<size_t>(dv)), delta(static_cast<size_t>(dv)), unwanted(out ? 0 : dv);
     for (int64_t p = p0; p < p1; ++p) {
@@ -88,20 +96,17 @@ void CpuBackend::gdn_recurrent(const float* q, const float* k, const float* v, c
         for (int64_t i = 0; i < dk; ++i) {
           float* Si = S + i * dv;
           const float ki = km[i];
-          for (int64_t j = 0; j < dv; ++j) {
-            Si[j] *= decay;
-            kv[j] += Si[j] * ki;
-          }
+          decay_state_row(Si, decay, dv);
+          for (int64_t j = 0; j < dv; ++j) kv[j] += Si[j] * ki;
         }
         for (int64_t j = 0; j < dv; ++j) delta[j] = (vm[j] - kv[j]) * b;
+        if (deltas) std::copy(delta.begin(), delta.end(), deltas + (m * Hv + p) * dv);
         std::fill(om, om + dv, 0.0f);
         for (int64_t i = 0; i < dk; ++i) {
           float* Si = S + i * dv;
-          const float ki = km[i], qi = qm[i];
-          for (int64_t j = 0; j < dv; ++j) {
-            Si[j] += ki * delta[j];
-            om[j] += Si[j] * qi;
-          }
+          const float qi = qm[i];
+          add_state_update(Si, km[i], delta.data(), dv);
+          for (int64_t j = 0; j < dv; ++j) om[j] += Si[j] * qi;
         }
         if (snapshots) std::memcpy(snapshots + m * Hv * head_state + p * head_state, S, head_state * sizeof(float));
       }
@@ -109,8 +114,46 @@ void CpuBackend::gdn_recurrent(const float* q, const float* k, const float* v, c
   });
 }
 
+void CpuBackend::gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                               const float* state_in, float* state, float* out, float* snapshots, int64_t M,
+                               const GdnShape& shape) {
+  check_shape(shape, "gdn_recurrent");
+  const int64_t head_state = shape.head_k * shape.head_v;
+  if (state_in != state)
+    std::memcpy(state, state_in, static_cast<size_t>(shape.n_v_heads * head_state) * sizeof(float));
+  recurrence(q, k, v, g, beta, state, out, snapshots, nullptr, M, shape);
+}
+
+void CpuBackend::gdn_apply_rows_batch(std::span<const GdnApplyJob> jobs, int64_t M, const GdnShape& shape) {
+  if (jobs.empty() || M <= 0) return;
+  check_shape(shape, "gdn_apply_rows_batch");
+  const int64_t Hk = shape.n_k_heads, Hv = shape.n_v_heads, dk = shape.head_k, dv = shape.head_v;
+  const int64_t n_jobs = static_cast<int64_t>(jobs.size());
+  for (int64_t t = 0; t < n_jobs; ++t)
+    DFLASH_CHECK(jobs[t].k && jobs[t].g && jobs[t].delta && jobs[t].state,
+                 "cpu gdn_apply_rows_batch: job {} has a null input or state", t);
+  // One task per (job, V head): the rows of a head run in order, its key rows independently.
+  pool_.parallel_for(n_jobs * Hv, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const GdnApplyJob& job = jobs[t / Hv];
+      const int64_t p = t % Hv, kh = p % Hk;
+      float* S = job.state + p * dk * dv;
+      for (int64_t m = 0; m < M; ++m) {
+        const float decay = std::exp(job.g[m * Hv + p]);
+        const float* km = job.k + (m * Hk + kh) * dk;
+        const float* dm = job.delta + (m * Hv + p) * dv;
+        for (int64_t i = 0; i < dk; ++i) {
+          decay_state_row(S + i * dv, decay, dv);
+          add_state_update(S + i * dv, km[i], dm, dv);
+        }
+      }
+    }
+  });
+}
+
 // The op sequence itself (l2_norm, l2_norm, gdn_gates, gdn_recurrent), on packed copies of the inputs:
 // into the caller's `prepared` buffers when given, else into scratch. v is copied only when strided.
+// Undoable (prepared->delta): the recurrence runs on a copy of the state, which stays as it was.
 void CpuBackend::gdn_prepare_recurrent(const GdnRawInputs& in, float* state, float* out, const GdnPrepared* prepared,
                                        int64_t M, const GdnShape& shape) {
   check_shape(shape, "gdn_prepare_recurrent");
@@ -121,8 +164,6 @@ void CpuBackend::gdn_prepare_recurrent(const GdnRawInputs& in, float* state, flo
                "cpu gdn_prepare_recurrent: row strides q {} k {} v {} below the row widths {} / {}", in.q_stride,
                in.k_stride, in.v_stride, nqk, nv);
   const auto sz = [](int64_t n) { return static_cast<size_t>(n); };
-  if (prepared && prepared->state_before)
-    std::memcpy(prepared->state_before, state, sz(Hv * dk * dv) * sizeof(float));
   std::vector<float> scratch(prepared ? 0 : sz(M * (2 * nqk + 2 * Hv)));
   float* q = prepared ? prepared->q : scratch.data();
   float* k = prepared ? prepared->k : q + M * nqk;
@@ -135,16 +176,16 @@ void CpuBackend::gdn_prepare_recurrent(const GdnRawInputs& in, float* state, flo
   std::memcpy(g, in.a, sz(M * Hv) * sizeof(float));
   std::memcpy(beta, in.b, sz(M * Hv) * sizeof(float));
   gdn_gates(g, beta, in.dt_bias, in.ssm_a, M, Hv);
-  std::vector<float> v_packed(in.v_stride == nv || (prepared && prepared->v) ? 0 : sz(M * nv));
+  std::vector<float> v_packed(in.v_stride == nv ? 0 : sz(M * nv));
   const float* v = in.v;
-  if (prepared && prepared->v) {
-    copy_rows(prepared->v, nv, in.v, in.v_stride, M, nv);
-    v = prepared->v;
-  } else if (!v_packed.empty()) {
+  if (!v_packed.empty()) {
     copy_rows(v_packed.data(), nv, in.v, in.v_stride, M, nv);
     v = v_packed.data();
   }
-  gdn_recurrent(q, k, v, g, beta, state, state, out, nullptr, M, shape);
+  float* deltas = prepared ? prepared->delta : nullptr;
+  std::vector<float> work(deltas ? sz(Hv * dk * dv) : 0);  // undoable: the state's copy the rows run on
+  if (deltas) std::memcpy(work.data(), state, work.size() * sizeof(float));
+  recurrence(q, k, v, g, beta, deltas ? work.data() : state, out, nullptr, deltas, M, shape);
 }
 
 // ---- chunked (WY / UT transform) form -------------------------------------------------------------

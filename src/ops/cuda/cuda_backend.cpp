@@ -734,20 +734,20 @@ class CudaBackend final : public Backend {
                                s.head_k, s.head_v, stream_);
     after("gdn_recurrent");
   }
-  void gdn_recurrent_batch(std::span<const GdnRecurrentJob> jobs, int64_t M, const GdnShape& s) override {
-    if (jobs.empty()) return;  // a model without GDN layers (qwen3) rolls back no recurrence
-    check_gdn(s, "gdn_recurrent_batch");
+  void gdn_apply_rows_batch(std::span<const GdnApplyJob> jobs, int64_t M, const GdnShape& s) override {
+    if (jobs.empty() || M <= 0) return;  // a model without GDN layers (qwen3) keeps no recurrent rows
+    check_gdn(s, "gdn_apply_rows_batch");
     if (skip_ & kSkipGdn) return;
-    std::vector<cuda::GdnRecurrentJobRef> refs;
+    std::vector<cuda::GdnApplyJobRef> refs;
     refs.reserve(jobs.size());
-    for (const GdnRecurrentJob& j : jobs) {
-      DFLASH_CHECK(j.q && j.k && j.v && j.g && j.beta && j.state_in && j.state,
-                   "cuda gdn_recurrent_batch: job {} has a null input or state", refs.size());
-      refs.push_back({j.q, j.k, j.v, j.g, j.beta, j.state_in, j.state, j.out});
+    for (const GdnApplyJob& j : jobs) {
+      DFLASH_CHECK(j.k && j.g && j.delta && j.state, "cuda gdn_apply_rows_batch: job {} has a null input or state",
+                   refs.size());
+      refs.push_back({j.k, j.g, j.delta, j.state});
     }
-    cuda::launch_gdn_recurrent_batch(refs.data(), static_cast<int>(refs.size()), M, s.n_k_heads, s.n_v_heads, s.head_k,
-                                     s.head_v, stream_);
-    after("gdn_recurrent_batch");
+    cuda::launch_gdn_apply_rows_batch(refs.data(), static_cast<int>(refs.size()), M, s.n_k_heads, s.n_v_heads,
+                                      s.head_k, s.head_v, stream_);
+    after("gdn_apply_rows_batch");
   }
   void gdn_prepare_recurrent(const GdnRawInputs& in, float* state, float* out, const GdnPrepared* prepared,
                              int64_t M, const GdnShape& s) override {
@@ -763,7 +763,7 @@ class CudaBackend final : public Backend {
                  "cuda gdn_prepare_recurrent: prepared needs all four buffers (q, k, g, beta)");
     cuda::launch_gdn_prepare_recurrent(in.q, in.q_stride, in.k, in.k_stride, in.v, in.v_stride, in.a, in.b, in.dt_bias,
                                        in.ssm_a, kGdnL2Eps, 1.0f / std::sqrt(static_cast<float>(s.head_k)), state, out,
-                                       p.q, p.k, p.g, p.beta, p.v, p.state_before, M, s.n_k_heads, s.n_v_heads,
+                                       p.q, p.k, p.g, p.beta, p.delta, M, s.n_k_heads, s.n_v_heads,
                                        s.head_k, s.head_v, stream_);
     after("gdn_prepare_recurrent");
   }

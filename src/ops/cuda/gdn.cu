@@ -11,8 +11,10 @@
 // partial (two interleaved chains over its rows, then added), the G partials added in a fixed pairwise
 // tree (G = 8: ((g0 + g1) + (g2 + g3)) + ((g4 + g5) + (g6 + g7))). G is a device setting (gdn_groups()),
 // never a function of M, so one row and a verify block get the same bits.
-// The state is read from state_in (rollback's replay starts from its checkpoint; in place otherwise), stays
-// in registers across the M rows and is written to state; snapshots get the state after each row.
+// The state is read from state_in (in place when state_in == state), stays in registers across the M
+// rows and is written to state; snapshots get the state after each row. An undoable step (the prepare
+// path with a delta buffer: verify) writes each row's delta instead and leaves the state as it was;
+// gdn_apply_rows_batch_kernel later advances it over the kept rows with the same per-element arithmetic.
 // The rows' q, k, v, decay and beta are staged in shared memory kStageRows rows at a time.
 // gdn_prepare_recurrent runs the same kernel with kPrepare: it l2-norms q / k and computes the gates
 // while staging (one launch instead of l2_norm, l2_norm, gdn_gates, gdn_recurrent and the q/k/v copies).
@@ -66,8 +68,8 @@ struct RecurrentArgs {
   float* pk;
   float* pg;
   float* pbeta;
-  float* pv;  // kPrepare: null, or a packed copy of v [M, Hv*dv] (each CTA writes its own 32 columns)
-  float* state_before;  // kPrepare: null, or receives the state before the rows (each CTA its columns)
+  float* pdelta;  // kPrepare: null, or the rows' deltas [M, Hv*dv] (each CTA its own 32 columns); the
+                  // state is then not written (undoable)
   int64_t M;
   int Hk, Hv, dk, dv;
   bool prefetch_state;  // gdn_state_prefetch()
@@ -95,8 +97,7 @@ bool gdn_state_prefetch() {
 // heads): the staging's divisions by head_k and the state offsets' multiplies by head_v fold away (ncu of
 // the 8-row verify step, S18-10: ~1100 of a warp's ~2550 instructions ran once per warp, mostly that
 // integer arithmetic, with half the stall samples).
-// One CTA's work: V head blockIdx.x, value columns blockIdx.y * 32 .. + 31 (gdn_recurrent_kernel, and
-// gdn_recurrent_batch_kernel with the job's pointers).
+// One CTA's work: V head blockIdx.x, value columns blockIdx.y * 32 .. + 31.
 template <int kG, int kRPT, bool kPrepare, bool kExactK, int kDv>
 __device__ __forceinline__ void recurrent_cta(const RecurrentArgs& args) {
   constexpr int kGroups = kG;
@@ -131,7 +132,7 @@ __device__ __forceinline__ void recurrent_cta(const RecurrentArgs& args) {
   const float* Sin = args.state_in + p * head_state;
   float* S0 = args.state + p * head_state;
   // The thread's state element r is (i, j) = (i0 + r, j), i0 = grp kRPT: offset e0 + r * dv within a head
-  // (int: a head is dk * dv <= 2^16 floats). One offset for every state-shaped buffer (in, out, checkpoint,
+  // (int: a head is dk * dv <= 2^16 floats). One offset for every state-shaped buffer (in, out,
   // snapshots), so their addresses share the arithmetic.
   const int i0 = grp * kRPT;
   const int e0 = i0 * dv + j;
@@ -147,12 +148,6 @@ __device__ __forceinline__ void recurrent_cta(const RecurrentArgs& args) {
   for (int r = 0; r < kRPT; ++r) {
     S[r] = (col_ok && i0 + r < dk) ? Sin[e0 + r * dv] : 0.0f;
   }
-  // The undo checkpoint (kPrepare), from the registers (no copy launch). With the shapes as constants it
-  // waits until the first rows' inputs are requested, so the state's loads and theirs are in flight
-  // together (in the generic kernel that placement raised the registers from 95 to 153: one CTA per SM).
-  if constexpr (kPrepare && !kExactK)
-    if (args.state_before && col_ok) store_state(args.state_before + p * head_state, S);
-
   // Key rows dk .. D - 1 of the staging (head_k below kGroups * kRPT) stay zero, as S does there: the
   // row loop below runs over all D rows without a branch. (Ordered before use by the stage's barrier.)
   if constexpr (!kExactK)
@@ -205,8 +200,6 @@ __device__ __forceinline__ void recurrent_cta(const RecurrentArgs& args) {
       if (t < rows * 32) {
         const int mm = t / 32, jc = blockIdx.y * 32 + t % 32;
         vs[mm][t % 32] = vt[u];
-        if constexpr (kPrepare)
-          if (args.pv && jc < dv) args.pv[(m0 + mm) * static_cast<int64_t>(Hv) * dv + static_cast<int64_t>(p) * dv + jc] = vt[u];
       }
     }
     if (threadIdx.x < rows) {
@@ -239,8 +232,6 @@ __device__ __forceinline__ void recurrent_cta(const RecurrentArgs& args) {
       }
     }
     __syncthreads();
-    if constexpr (kPrepare && kExactK)
-      if (m0 == 0 && args.state_before && col_ok) store_state(args.state_before + p * head_state, S);
     if constexpr (kPrepare) {
       if (args.pq && blockIdx.y == 0 && p < Hk) {
         for (int t = threadIdx.x; t < rows * dk; t += blockDim.x) {
@@ -286,40 +277,18 @@ __device__ __forceinline__ void recurrent_cta(const RecurrentArgs& args) {
       for (int r = 0; r < kRPT; ++r) S[r] = fmaf(kr[r], delta, S[r]);
       if (grp == 0 && col_ok && args.out)
         args.out[(m * Hv + p) * dv + j] = fmaf(delta, group_sum<kGroups>(red[b][2], jl), sq_all);
+      if constexpr (kPrepare)
+        if (grp == 1 % kGroups && col_ok && args.pdelta) args.pdelta[(m * Hv + p) * dv + j] = delta;
       if (snapshots && col_ok) store_state(snapshots + m * static_cast<int64_t>(Hv) * head_state + p * head_state, S);
     }
   }
-  if (col_ok) store_state(S0, S);
+  const bool undoable = kPrepare && args.pdelta;
+  if (col_ok && !undoable) store_state(S0, S);
 }
 
 template <int kG, int kRPT, bool kPrepare, bool kExactK = false, int kDv = 0>
 __global__ void __launch_bounds__(kG * 32, 1) gdn_recurrent_kernel(const RecurrentArgs args) {
   recurrent_cta<kG, kRPT, kPrepare, kExactK, kDv>(args);
-}
-
-// Backend::gdn_recurrent_batch: job blockIdx.z with its own pointers, the shapes of `base`.
-constexpr int kMaxRecurrentJobs = 48;  // the kernel's parameters stay under 4 KB
-struct RecurrentBatch {
-  RecurrentArgs base;
-  const float* q[kMaxRecurrentJobs];
-  const float* k[kMaxRecurrentJobs];
-  const float* v[kMaxRecurrentJobs];
-  const float* g[kMaxRecurrentJobs];
-  const float* beta[kMaxRecurrentJobs];
-  const float* state_in[kMaxRecurrentJobs];
-  float* state[kMaxRecurrentJobs];
-  float* out[kMaxRecurrentJobs];
-};
-// Three CTAs per SM where the state fits (kRPT <= 16; 78 registers, no spill, instead of 96 and two): the
-// rollback's replay is one launch of 48 layers x 192 CTAs of one short row loop each, ~35 waves at two
-// per SM, each wave as long as a CTA's latency (the state's loads, the row, the stores).
-template <int kG, int kRPT, bool kExactK = false, int kDv = 0>
-__global__ void __launch_bounds__(kG * 32, kRPT <= 16 ? 3 : 1) gdn_recurrent_batch_kernel(const RecurrentBatch b) {
-  RecurrentArgs a = b.base;
-  const int z = static_cast<int>(blockIdx.z);
-  a.q = b.q[z], a.k = b.k[z], a.v = b.v[z], a.g = b.g[z], a.beta = b.beta[z];
-  a.state_in = b.state_in[z], a.state = b.state[z], a.out = b.out[z];
-  recurrent_cta<kG, kRPT, false, kExactK, kDv>(a);
 }
 
 // DFLASH_CUDA_GDN_CONST_SHAPES=0: 128 x 128 heads take the generic kernel (shapes read at run time), for
@@ -350,28 +319,6 @@ void launch_recurrent_groups(const RecurrentArgs& a, cudaStream_t s) {
   else
     launch_pdl(gdn_recurrent_kernel<kG, 64, kPrepare>, grid, kG * 32, 0, s, a);
 }
-// The batch's kernel: the same template choice as launch_recurrent_groups (so the same code per row).
-template <int kG>
-void launch_recurrent_batch_groups(const RecurrentBatch& b, unsigned jobs, cudaStream_t s) {
-  const RecurrentArgs& a = b.base;
-  const dim3 grid(static_cast<unsigned>(a.Hv), ceil_div_u(a.dv, 32), jobs);
-  if constexpr (kG * 16 == 128)
-    if (a.dk == 128 && a.dv == 128 && gdn_const_shapes()) {
-      launch_pdl(gdn_recurrent_batch_kernel<kG, 16, true, 128>, grid, kG * 32, 0, s, b);
-      return;
-    }
-  if (a.dk <= kG * 4)
-    launch_pdl(gdn_recurrent_batch_kernel<kG, 4>, grid, kG * 32, 0, s, b);
-  else if (a.dk <= kG * 8)
-    launch_pdl(gdn_recurrent_batch_kernel<kG, 8>, grid, kG * 32, 0, s, b);
-  else if (a.dk <= kG * 16)
-    launch_pdl(gdn_recurrent_batch_kernel<kG, 16>, grid, kG * 32, 0, s, b);
-  else if (a.dk <= kG * 32)
-    launch_pdl(gdn_recurrent_batch_kernel<kG, 32>, grid, kG * 32, 0, s, b);
-  else
-    launch_pdl(gdn_recurrent_batch_kernel<kG, 64>, grid, kG * 32, 0, s, b);
-}
-
 template <bool kPrepare>
 void launch_recurrent(RecurrentArgs a, cudaStream_t s) {
   if (a.M <= 0) return;
@@ -380,6 +327,63 @@ void launch_recurrent(RecurrentArgs a, cudaStream_t s) {
     launch_recurrent_groups<4, kPrepare>(a, s);
   else
     launch_recurrent_groups<8, kPrepare>(a, s);
+}
+
+
+// Backend::gdn_apply_rows_batch: job blockIdx.y's state, V head p = blockIdx.x / tiles, elements
+// tile * kApplyTile .. + kApplyTile - 1 of that head (e = i * dv + j): thread t takes elements
+// t + 256 u, u < kApplyPer, coalesced per u. All of a thread's state loads are issued before the rows run;
+// per row m and element: S *= exp(g[m][p]); S = fma(k[m][kh][i], delta[m][p][j], S), the recurrence's two
+// steps with its rounding (its decay multiply, then its fmaf), so the bits are the recurrence's.
+// kExact: 128 x 128 heads (the divisions by dv become shifts).
+constexpr int kApplyThreads = 256, kApplyPer = 8, kApplyTile = kApplyThreads * kApplyPer;
+constexpr int kMaxApplyJobs = 64;  // the kernel's parameters stay under 4 KB
+struct ApplyBatch {
+  const float* k[kMaxApplyJobs];
+  const float* g[kMaxApplyJobs];
+  const float* delta[kMaxApplyJobs];
+  float* state[kMaxApplyJobs];
+  int64_t M;
+  int Hk, Hv, dk, dv, tiles;  // tiles: kApplyTile-element tiles per head
+};
+
+template <bool kExact>
+__global__ void __launch_bounds__(kApplyThreads) gdn_apply_rows_kernel(const ApplyBatch b) {
+  const int z = static_cast<int>(blockIdx.y);
+  const int dk = kExact ? 128 : b.dk, dv = kExact ? 128 : b.dv;
+  const int tiles = kExact ? 128 * 128 / kApplyTile : b.tiles;
+  const int p = static_cast<int>(blockIdx.x) / tiles, tile = static_cast<int>(blockIdx.x) % tiles;
+  const int head_elems = dk * dv;
+  float* S = b.state[z] + static_cast<int64_t>(p) * head_elems;
+  const float* __restrict__ k = b.k[z];
+  const float* __restrict__ g = b.g[z];
+  const float* __restrict__ delta = b.delta[z];
+  const int kh = p % b.Hk, Hk = b.Hk, Hv = b.Hv;
+  const int e0 = tile * kApplyTile + static_cast<int>(threadIdx.x);
+  pdl_wait();
+  float st[kApplyPer];
+  int ii[kApplyPer], jj[kApplyPer];
+#pragma unroll
+  for (int u = 0; u < kApplyPer; ++u) {
+    const int e = e0 + u * kApplyThreads;
+    ii[u] = e / dv, jj[u] = e % dv;
+    st[u] = e < head_elems ? S[e] : 0.0f;
+  }
+  for (int64_t m = 0; m < b.M; ++m) {
+    const float decay = expf(g[m * Hv + p]);
+    const float* km = k + (m * Hk + kh) * dk;
+    const float* dm = delta + (m * Hv + p) * dv;
+#pragma unroll
+    for (int u = 0; u < kApplyPer; ++u) {
+      const bool ok = e0 + u * kApplyThreads < head_elems;
+      const float ki = ok ? km[ii[u]] : 0.0f, dj = ok ? dm[jj[u]] : 0.0f;
+      st[u] *= decay;
+      st[u] = fmaf(ki, dj, st[u]);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kApplyPer; ++u)
+    if (e0 + u * kApplyThreads < head_elems) S[e0 + u * kApplyThreads] = st[u];
 }
 
 }  // namespace
@@ -399,37 +403,11 @@ void launch_gdn_recurrent(const float* q, const float* k, const float* v, const 
   launch_recurrent<false>(a, s);
 }
 
-void launch_gdn_recurrent_batch(const GdnRecurrentJobRef* jobs, int n, int64_t M, int64_t n_k_heads,
-                                int64_t n_v_heads, int64_t head_k, int64_t head_v, cudaStream_t s) {
-  if (M <= 0) return;
-  for (int j0 = 0; j0 < n; j0 += kMaxRecurrentJobs) {
-    const int nj = n - j0 < kMaxRecurrentJobs ? n - j0 : kMaxRecurrentJobs;
-    RecurrentBatch b{};
-    RecurrentArgs& a = b.base;
-    a.q_stride = a.k_stride = n_k_heads * head_k;
-    a.v_stride = n_v_heads * head_v;
-    a.M = M;
-    a.Hk = static_cast<int>(n_k_heads), a.Hv = static_cast<int>(n_v_heads);
-    a.dk = static_cast<int>(head_k), a.dv = static_cast<int>(head_v);
-    a.prefetch_state = gdn_state_prefetch();
-    for (int j = 0; j < nj; ++j) {
-      const GdnRecurrentJobRef& r = jobs[j0 + j];
-      b.q[j] = r.q, b.k[j] = r.k, b.v[j] = r.v, b.g[j] = r.g, b.beta[j] = r.beta;
-      b.state_in[j] = r.state_in, b.state[j] = r.state, b.out[j] = r.out;
-    }
-    if (gdn_groups() == 4)
-      launch_recurrent_batch_groups<4>(b, static_cast<unsigned>(nj), s);
-    else
-      launch_recurrent_batch_groups<8>(b, static_cast<unsigned>(nj), s);
-  }
-}
-
 void launch_gdn_prepare_recurrent(const float* q, int64_t q_stride, const float* k, int64_t k_stride, const float* v,
                                   int64_t v_stride, const float* a, const float* b, const float* dt_bias,
                                   const float* ssm_a, float eps, float q_scale, float* state, float* out,
-                                  float* prep_q, float* prep_k, float* prep_g, float* prep_beta, float* prep_v,
-                                  float* state_before, int64_t M,
-                                  int64_t n_k_heads, int64_t n_v_heads, int64_t head_k, int64_t head_v,
+                                  float* prep_q, float* prep_k, float* prep_g, float* prep_beta, float* delta,
+                                  int64_t M, int64_t n_k_heads, int64_t n_v_heads, int64_t head_k, int64_t head_v,
                                   cudaStream_t s) {
   RecurrentArgs r{};
   r.q = q, r.k = k, r.v = v;
@@ -437,12 +415,33 @@ void launch_gdn_prepare_recurrent(const float* q, int64_t q_stride, const float*
   r.g = a, r.beta = b, r.dt_bias = dt_bias, r.ssm_a = ssm_a;
   r.eps = eps, r.q_scale = q_scale;
   r.state_in = state, r.state = state, r.out = out, r.snapshots = nullptr;
-  r.pq = prep_q, r.pk = prep_k, r.pg = prep_g, r.pbeta = prep_beta, r.pv = prep_v;
-  r.state_before = state_before;
+  r.pq = prep_q, r.pk = prep_k, r.pg = prep_g, r.pbeta = prep_beta, r.pdelta = delta;
   r.M = M;
   r.Hk = static_cast<int>(n_k_heads), r.Hv = static_cast<int>(n_v_heads);
   r.dk = static_cast<int>(head_k), r.dv = static_cast<int>(head_v);
   launch_recurrent<true>(r, s);
+}
+
+void launch_gdn_apply_rows_batch(const GdnApplyJobRef* jobs, int n, int64_t M, int64_t n_k_heads, int64_t n_v_heads,
+                                 int64_t head_k, int64_t head_v, cudaStream_t s) {
+  if (M <= 0 || n <= 0) return;
+  for (int j0 = 0; j0 < n; j0 += kMaxApplyJobs) {
+    const int nj = n - j0 < kMaxApplyJobs ? n - j0 : kMaxApplyJobs;
+    ApplyBatch b{};
+    b.M = M;
+    b.Hk = static_cast<int>(n_k_heads), b.Hv = static_cast<int>(n_v_heads);
+    b.dk = static_cast<int>(head_k), b.dv = static_cast<int>(head_v);
+    b.tiles = static_cast<int>(ceil_div_u(head_k * head_v, kApplyTile));
+    for (int j = 0; j < nj; ++j) {
+      const GdnApplyJobRef& r = jobs[j0 + j];
+      b.k[j] = r.k, b.g[j] = r.g, b.delta[j] = r.delta, b.state[j] = r.state;
+    }
+    const dim3 grid(static_cast<unsigned>(b.Hv * b.tiles), static_cast<unsigned>(nj));
+    if (head_k == 128 && head_v == 128)
+      launch_pdl(gdn_apply_rows_kernel<true>, grid, kApplyThreads, 0, s, b);
+    else
+      launch_pdl(gdn_apply_rows_kernel<false>, grid, kApplyThreads, 0, s, b);
+  }
 }
 
 }  // namespace dflash::cuda

@@ -251,23 +251,23 @@ bool launch_attention_prefill(const float* q, const float* k, const float* v, co
 void launch_gdn_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
                           const float* state_in, float* state, float* out, float* snapshots, int64_t M,
                           int64_t n_k_heads, int64_t n_v_heads, int64_t head_k, int64_t head_v, cudaStream_t s);
-// Backend::gdn_recurrent_batch: n independent recurrences of one shape (snapshots none; out may be null),
-// each with launch_gdn_recurrent's bits, up to 48 per launch (grid.z = the job).
-struct GdnRecurrentJobRef {
-  const float *q, *k, *v, *g, *beta, *state_in;
-  float *state, *out;
-};
-void launch_gdn_recurrent_batch(const GdnRecurrentJobRef* jobs, int n, int64_t M, int64_t n_k_heads,
-                                int64_t n_v_heads, int64_t head_k, int64_t head_v, cudaStream_t s);
 // Backend::gdn_prepare_recurrent: the same kernel, preparing q, k (l2 norm, q * q_scale) and the gates
-// from a, b while staging; prep_*: all null, or the packed prepared q, k, g, beta.
+// from a, b while staging; prep_*: all null, or the packed prepared q, k, g, beta. delta: null, or
+// [M, Hv*head_v] receives the rows' updates and the state is left as it was (an undoable step).
 void launch_gdn_prepare_recurrent(const float* q, int64_t q_stride, const float* k, int64_t k_stride, const float* v,
                                   int64_t v_stride, const float* a, const float* b, const float* dt_bias,
                                   const float* ssm_a, float eps, float q_scale, float* state, float* out,
-                                  float* prep_q, float* prep_k, float* prep_g, float* prep_beta, float* prep_v,
-                                  float* state_before, int64_t M,
-                                  int64_t n_k_heads, int64_t n_v_heads, int64_t head_k, int64_t head_v,
+                                  float* prep_q, float* prep_k, float* prep_g, float* prep_beta, float* delta,
+                                  int64_t M, int64_t n_k_heads, int64_t n_v_heads, int64_t head_k, int64_t head_v,
                                   cudaStream_t s);
+// Backend::gdn_apply_rows_batch: n states advanced over M recorded rows (k, g, delta as the undoable
+// prepare leaves them), each element with the recurrence's arithmetic; every job in one launch.
+struct GdnApplyJobRef {
+  const float *k, *g, *delta;
+  float* state;
+};
+void launch_gdn_apply_rows_batch(const GdnApplyJobRef* jobs, int n, int64_t M, int64_t n_k_heads, int64_t n_v_heads,
+                                 int64_t head_k, int64_t head_v, cudaStream_t s);
 constexpr int64_t kGdnMaxHeadK = 256;
 // Chunked (WY) form for prefill (gdn_chunked.cu), heads up to kGdnChunkedMaxHead: scratch is
 // gdn_chunked_scratch_floats(...) floats of device memory (W, U~, QK of every chunk and head).
