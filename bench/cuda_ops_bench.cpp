@@ -816,6 +816,15 @@ int main(int argc, char** argv) {
       record_timeline(
           "timeline: one verify step (8 rows, undoable; the rollback not recorded)",
           [&] { model->forward(block, ver); }, [&] { model->rollback(4); });
+      if (want_timeline) {  // the rollback alone (keeping 4 of the 8 rows), after an unrecorded verify
+        bench::StepTimeline tl;
+        model->forward(block, ver);
+        be->synchronize();
+        tl.begin();
+        model->rollback(4);
+        be->synchronize();
+        out.line(bench::timeline_report(tl.end(), "timeline: one rollback (4 of 8 rows kept)"));
+      }
       if (dfile) {  // the draft step (device-resident: draft_device, no download), after 64 context rows
         auto drafter = DFlashDrafter::load(*dfile, *model);
         const DrafterConfig& dc = drafter->config();

@@ -40,10 +40,10 @@
 #       (default), verify, draft), with the warp-state, scheduler, memory and source-counter sections,
 #       and writes the details page ($OUT/ncu_<step>_<n>.txt) and the per-SASS-instruction source page
 #       with its stall samples ($OUT/ncu_<step>_<n>_sass.csv.gz) of each.
-#       --timeline TYPE records one decode, one 8-row verify and one draft step of that 27B pair through
-#       CUPTI (bench_cuda_ops with DFLASH_STEP_TIMELINE=1: the real, PDL-overlapped timeline, which ncu
-#       cannot show; the GPU machine has no nsys) and writes where each step's wall time goes to
-#       $OUT/timeline_TYPE.md.
+#       --timeline TYPE records one decode, one 8-row verify, one rollback (4 of 8 rows kept) and one draft
+#       step of that 27B pair through CUPTI (bench_cuda_ops with DFLASH_STEP_TIMELINE=1: the real,
+#       PDL-overlapped timeline, which ncu cannot show; the GPU machine has no nsys) and writes where each
+#       step's wall time goes to $OUT/timeline_TYPE.md.
 #
 #   scripts/gpu_test.sh --stage-ab NAME
 #       on the build machine: packs the current build's bench_cuda_ops (stripped, with its libraries;

@@ -197,10 +197,7 @@ __device__ __forceinline__ void recurrent_cta(const RecurrentArgs& args) {
 #pragma unroll
     for (int u = 0; u < kVPer; ++u) {
       const int t = threadIdx.x + u * kThreads;
-      if (t < rows * 32) {
-        const int mm = t / 32, jc = blockIdx.y * 32 + t % 32;
-        vs[mm][t % 32] = vt[u];
-      }
+      if (t < rows * 32) vs[t / 32][t % 32] = vt[u];
     }
     if (threadIdx.x < rows) {
       const int64_t gi = (m0 + threadIdx.x) * Hv + p;
@@ -330,13 +327,21 @@ void launch_recurrent(RecurrentArgs a, cudaStream_t s) {
 }
 
 
-// Backend::gdn_apply_rows_batch: job blockIdx.y's state, V head p = blockIdx.x / tiles, elements
-// tile * kApplyTile .. + kApplyTile - 1 of that head (e = i * dv + j): thread t takes elements
-// t + 256 u, u < kApplyPer, coalesced per u. All of a thread's state loads are issued before the rows run;
-// per row m and element: S *= exp(g[m][p]); S = fma(k[m][kh][i], delta[m][p][j], S), the recurrence's two
-// steps with its rounding (its decay multiply, then its fmaf), so the bits are the recurrence's.
-// kExact: 128 x 128 heads (the divisions by dv become shifts).
-constexpr int kApplyThreads = 256, kApplyPer = 8, kApplyTile = kApplyThreads * kApplyPer;
+// Backend::gdn_apply_rows_batch: job blockIdx.y's state, V head p = blockIdx.x / tiles, a tile of that
+// head's elements (e = i * dv + j). Per row m and element: S *= exp(g[m][p]); S = fma(k[m][kh][i],
+// delta[m][p][j], S), the recurrence's two steps with its rounding (its decay multiply, then its fmaf),
+// so the bits are the recurrence's.
+// 128 x 128 heads (gdn_apply_rows_exact_kernel): a tile is 32 whole key rows (16 KB); thread t holds
+// columns 4 (t % 32) .. + 3 of rows t / 32 + 8 u (u < 4) as float4s, loaded first; then the rows' k (the
+// tile's 32), delta (128 columns) and decay are staged in shared memory kApplyRows rows at a time, every
+// load in flight together, so a CTA waits about one round trip whatever the row count. (S32-5: scalar
+// elements with k and delta read row by row from L2 inside the loop took 142 us for the 27B's
+// rollback(4); S32-6: staged, 2048-element tiles, 106 us.) Other shapes: gdn_apply_rows_kernel, scalar,
+// reading k and delta directly (small heads: tests, small models).
+constexpr int kApplyThreads = 256;
+constexpr int kApplyRows = 8;      // pending rows staged at once (exact kernel)
+constexpr int kApplyPer = 8;       // elements per thread (generic kernel)
+constexpr int kApplyTile = kApplyThreads * kApplyPer;
 constexpr int kMaxApplyJobs = 64;  // the kernel's parameters stay under 4 KB
 struct ApplyBatch {
   const float* k[kMaxApplyJobs];
@@ -344,15 +349,71 @@ struct ApplyBatch {
   const float* delta[kMaxApplyJobs];
   float* state[kMaxApplyJobs];
   int64_t M;
-  int Hk, Hv, dk, dv, tiles;  // tiles: kApplyTile-element tiles per head
+  int Hk, Hv, dk, dv, tiles;  // tiles: tiles per head
 };
 
-template <bool kExact>
+constexpr int kExactTileRows = 32, kExactTiles = 128 / kExactTileRows, kExactPer = kExactTileRows * 32 / kApplyThreads;
+
+__global__ void __launch_bounds__(kApplyThreads) gdn_apply_rows_exact_kernel(const ApplyBatch b) {
+  __shared__ float sk[kApplyRows][kExactTileRows], sdecay[kApplyRows];
+  __shared__ __align__(16) float sd[kApplyRows][128];
+  const int z = static_cast<int>(blockIdx.y);
+  const int p = static_cast<int>(blockIdx.x) / kExactTiles, tile = static_cast<int>(blockIdx.x) % kExactTiles;
+  float* S = b.state[z] + static_cast<int64_t>(p) * 128 * 128;
+  const float* __restrict__ k = b.k[z];
+  const float* __restrict__ g = b.g[z];
+  const float* __restrict__ delta = b.delta[z];
+  const int kh = p % b.Hk, Hk = b.Hk, Hv = b.Hv;
+  const int tid = static_cast<int>(threadIdx.x), c4 = 4 * (tid % 32), r0 = tid / 32;  // rows r0 + 8 u of the tile
+  const int i_tile = tile * kExactTileRows;
+  pdl_wait();
+  float4 st[kExactPer];
+#pragma unroll
+  for (int u = 0; u < kExactPer; ++u)
+    st[u] = *reinterpret_cast<const float4*>(S + (i_tile + r0 + 8 * u) * 128 + c4);
+  for (int64_t m0 = 0; m0 < b.M; m0 += kApplyRows) {
+    const int rows = static_cast<int>(b.M - m0 < kApplyRows ? b.M - m0 : kApplyRows);
+    // all of the chunk's loads first (delta: rows x 128, k: rows x 32, g: rows), then the stores
+    constexpr int kDPer = kApplyRows * 128 / kApplyThreads;
+    float dvv[kDPer], kv = 0.0f, gv = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kDPer; ++u) {
+      const int t = tid + u * kApplyThreads, mm = t / 128;
+      dvv[u] = mm < rows ? delta[(m0 + mm) * Hv * 128 + p * 128 + t % 128] : 0.0f;
+    }
+    if (tid < rows * kExactTileRows)
+      kv = k[(m0 + tid / kExactTileRows) * Hk * 128 + kh * 128 + i_tile + tid % kExactTileRows];
+    if (tid < rows) gv = g[(m0 + tid) * Hv + p];
+    __syncthreads();  // the previous chunk's rows are done with sk / sd / sdecay
+#pragma unroll
+    for (int u = 0; u < kDPer; ++u) {
+      const int t = tid + u * kApplyThreads;
+      sd[t / 128][t % 128] = dvv[u];
+    }
+    if (tid < rows * kExactTileRows) sk[tid / kExactTileRows][tid % kExactTileRows] = kv;
+    if (tid < rows) sdecay[tid] = expf(gv);
+    __syncthreads();
+    for (int mm = 0; mm < rows; ++mm) {
+      const float decay = sdecay[mm];
+      const float4 d = *reinterpret_cast<const float4*>(&sd[mm][c4]);
+#pragma unroll
+      for (int u = 0; u < kExactPer; ++u) {
+        const float ki = sk[mm][r0 + 8 * u];
+        st[u].x *= decay, st[u].y *= decay, st[u].z *= decay, st[u].w *= decay;
+        st[u].x = fmaf(ki, d.x, st[u].x), st[u].y = fmaf(ki, d.y, st[u].y);
+        st[u].z = fmaf(ki, d.z, st[u].z), st[u].w = fmaf(ki, d.w, st[u].w);
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kExactPer; ++u) *reinterpret_cast<float4*>(S + (i_tile + r0 + 8 * u) * 128 + c4) = st[u];
+}
+
+// Any shape: thread t takes elements tile * kApplyTile + t + 256 u, u < kApplyPer (coalesced per u).
 __global__ void __launch_bounds__(kApplyThreads) gdn_apply_rows_kernel(const ApplyBatch b) {
   const int z = static_cast<int>(blockIdx.y);
-  const int dk = kExact ? 128 : b.dk, dv = kExact ? 128 : b.dv;
-  const int tiles = kExact ? 128 * 128 / kApplyTile : b.tiles;
-  const int p = static_cast<int>(blockIdx.x) / tiles, tile = static_cast<int>(blockIdx.x) % tiles;
+  const int dk = b.dk, dv = b.dv;
+  const int p = static_cast<int>(blockIdx.x) / b.tiles, tile = static_cast<int>(blockIdx.x) % b.tiles;
   const int head_elems = dk * dv;
   float* S = b.state[z] + static_cast<int64_t>(p) * head_elems;
   const float* __restrict__ k = b.k[z];
@@ -431,16 +492,18 @@ void launch_gdn_apply_rows_batch(const GdnApplyJobRef* jobs, int n, int64_t M, i
     b.M = M;
     b.Hk = static_cast<int>(n_k_heads), b.Hv = static_cast<int>(n_v_heads);
     b.dk = static_cast<int>(head_k), b.dv = static_cast<int>(head_v);
-    b.tiles = static_cast<int>(ceil_div_u(head_k * head_v, kApplyTile));
+    bool exact = head_k == 128 && head_v == 128;  // and every state 16-byte aligned (float4 accesses)
     for (int j = 0; j < nj; ++j) {
       const GdnApplyJobRef& r = jobs[j0 + j];
       b.k[j] = r.k, b.g[j] = r.g, b.delta[j] = r.delta, b.state[j] = r.state;
+      exact = exact && reinterpret_cast<uintptr_t>(r.state) % 16 == 0;
     }
+    b.tiles = exact ? kExactTiles : static_cast<int>(ceil_div_u(head_k * head_v, kApplyTile));
     const dim3 grid(static_cast<unsigned>(b.Hv * b.tiles), static_cast<unsigned>(nj));
-    if (head_k == 128 && head_v == 128)
-      launch_pdl(gdn_apply_rows_kernel<true>, grid, kApplyThreads, 0, s, b);
+    if (exact)
+      launch_pdl(gdn_apply_rows_exact_kernel, grid, kApplyThreads, 0, s, b);
     else
-      launch_pdl(gdn_apply_rows_kernel<false>, grid, kApplyThreads, 0, s, b);
+      launch_pdl(gdn_apply_rows_kernel, grid, kApplyThreads, 0, s, b);
   }
 }
 
