@@ -34,17 +34,22 @@ int gdn_groups() {
   return v;
 }
 
-// The kG partial sums of column jl in a fixed pairwise tree.
+// kG partial sums in a fixed pairwise tree (G = 8: ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7))).
 template <int kG>
-__device__ __forceinline__ float group_sum(const float (&red)[kG][32], int jl) {
-  float v[kG];
-#pragma unroll
-  for (int g = 0; g < kG; ++g) v[g] = red[g][jl];
+__device__ __forceinline__ float tree_sum(float (&v)[kG]) {
 #pragma unroll
   for (int w = 1; w < kG; w <<= 1)
 #pragma unroll
     for (int g = 0; g + w < kG; g += 2 * w) v[g] += v[g + w];
   return v[0];
+}
+// The kG partial sums of column jl.
+template <int kG>
+__device__ __forceinline__ float group_sum(const float (&red)[kG][32], int jl) {
+  float v[kG];
+#pragma unroll
+  for (int g = 0; g < kG; ++g) v[g] = red[g][jl];
+  return tree_sum<kG>(v);
 }
 
 constexpr int kStageRows = 8;  // rows whose inputs are staged in shared memory at once (the verify block)
@@ -120,9 +125,12 @@ __device__ __forceinline__ void recurrent_cta(const RecurrentArgs& args) {
   // global round trip per row (verify's 8 rows).
   __shared__ __align__(16) float ks[kStageRows][D], qs[kStageRows][D];
   __shared__ float vs[kStageRows][32], decays[kStageRows], betas[kStageRows];
-  // The groups' partials of kv ([b][0]), sq ([b][1]) and k . q ([b][2]); row m uses buffer b = m & 1, so
-  // a row's writes never meet the previous row's reads: the one barrier per row orders them.
-  __shared__ float red[2][3][kGroups][32];
+  // The groups' partials of kv ([b][0]) and sq ([b][1]); row m uses buffer b = m & 1, so a row's writes
+  // never meet the previous row's reads: the one barrier per row orders them. k . q does not depend on the
+  // column: each stage's group partials of it are computed once (kq[row][group], by rows x kG threads,
+  // ordered before their one reader by the first row's barrier) instead of by every thread in every row.
+  __shared__ float red[2][2][kGroups][32];
+  __shared__ float kq_part[kStageRows][kGroups];
   const int p = blockIdx.x;
   const int kh = p % Hk;
   const int jl = threadIdx.x & 31, grp = threadIdx.x >> 5;
@@ -239,6 +247,13 @@ __device__ __forceinline__ void recurrent_cta(const RecurrentArgs& args) {
         }
       }
     }
+    if (static_cast<int>(threadIdx.x) < rows * kGroups) {  // row t / kG, group t % kG: two chains, then added
+      const int mm = threadIdx.x / kGroups, g0 = (threadIdx.x % kGroups) * kRPT;
+      float kq[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int r = 0; r < kRPT; ++r) kq[r & 1] = fmaf(ks[mm][g0 + r], qs[mm][g0 + r], kq[r & 1]);
+      kq_part[mm][threadIdx.x % kGroups] = kq[0] + kq[1];
+    }
     for (int mm = 0; mm < rows; ++mm) {
       const int64_t m = m0 + mm;
       const int b = static_cast<int>(m & 1);
@@ -255,25 +270,27 @@ __device__ __forceinline__ void recurrent_cta(const RecurrentArgs& args) {
         kr[r] = k4.x, kr[r + 1] = k4.y, kr[r + 2] = k4.z, kr[r + 3] = k4.w;
         qr[r] = q4.x, qr[r + 1] = q4.y, qr[r + 2] = q4.z, qr[r + 3] = q4.w;
       }
-      float kv[2] = {0.0f, 0.0f}, sq[2] = {0.0f, 0.0f}, kq[2] = {0.0f, 0.0f};  // even / odd r: two chains each
+      float kv[2] = {0.0f, 0.0f}, sq[2] = {0.0f, 0.0f};  // even / odd r: two chains each
 #pragma unroll
       for (int r = 0; r < kRPT; ++r) {
         S[r] *= decay;
         kv[r & 1] = fmaf(S[r], kr[r], kv[r & 1]);
         sq[r & 1] = fmaf(S[r], qr[r], sq[r & 1]);
-        kq[r & 1] = fmaf(kr[r], qr[r], kq[r & 1]);
       }
       red[b][0][grp][jl] = kv[0] + kv[1];
       red[b][1][grp][jl] = sq[0] + sq[1];
-      red[b][2][grp][jl] = kq[0] + kq[1];  // the same in every lane of the warp
       __syncthreads();
       const float kv_all = group_sum<kGroups>(red[b][0], jl);
       const float sq_all = group_sum<kGroups>(red[b][1], jl);
       const float delta = (vj - kv_all) * bt;
 #pragma unroll
       for (int r = 0; r < kRPT; ++r) S[r] = fmaf(kr[r], delta, S[r]);
-      if (grp == 0 && col_ok && args.out)
-        args.out[(m * Hv + p) * dv + j] = fmaf(delta, group_sum<kGroups>(red[b][2], jl), sq_all);
+      if (grp == 0 && col_ok && args.out) {
+        float kq[kGroups];
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) kq[g] = kq_part[mm][g];
+        args.out[(m * Hv + p) * dv + j] = fmaf(delta, tree_sum<kGroups>(kq), sq_all);
+      }
       if constexpr (kPrepare)
         if (grp == 1 % kGroups && col_ok && args.pdelta) args.pdelta[(m * Hv + p) * dv + j] = delta;
       if (snapshots && col_ok) store_state(snapshots + m * static_cast<int64_t>(Hv) * head_state + p * head_state, S);
