@@ -159,10 +159,6 @@ class Qwen35Model final : public TargetModel {
   ForwardResult forward_device(const int32_t* tokens, int64_t M, const ForwardOptions& opts) override;
   const float* device_taps() const override { return taps_buf_; }
   void rollback(int64_t n_keep) override;
-  // Advances the GDN states over the first n_keep rows of the last (undoable) forward and, when rows are
-  // dropped, rebuilds the conv windows: the end of rollback(), or of a verify whose rows are all kept
-  // (the next forward calls it when no rollback came).
-  void keep_undo_rows(int64_t n_keep);
   void embed(const int32_t* ids, float* out, int64_t M) override;
   void lm_head(const float* h, float* logits, int64_t M) override;
 
@@ -182,6 +178,10 @@ class Qwen35Model final : public TargetModel {
 
   void load_weights(const gguf::File& file);
   void allocate_state();
+  // Advances the GDN states over the first n_keep rows of the last (undoable) forward and, when rows are
+  // dropped, rebuilds the conv windows: the end of rollback(), or of a verify whose rows are all kept
+  // (the next forward calls it when no rollback came).
+  void keep_undo_rows(int64_t n_keep);
   // Returns x rotated for a matmul with `in` inputs when `rotate` (into scratch), else x itself.
   const float* rotated(const float* x, int64_t M, int64_t in, bool rotate, float* scratch, const int32_t* perm = nullptr);
   // The rotation of a matmul input of width `in` (block 0 when not rotated).
@@ -246,6 +246,7 @@ class Qwen35Model final : public TargetModel {
   int64_t n_past_ = 0;
   int64_t last_start_ = -1, last_rows_ = 0;
   bool last_undoable_ = false;
+  bool has_gdn_ = false;  // any Gated DeltaNet layer (qwen3: none, nothing to keep or apply)
 
   // scratch, [max_rows, ...]
   int32_t* d_ids_ = nullptr;     // [max_rows], followed by d_argmax_ (one download reads both)
@@ -392,6 +393,7 @@ void Qwen35Model::allocate_state() {
       s.undo_g = alloc<float>((size_t)U * Hv);
       s.undo_beta = alloc<float>((size_t)U * Hv);
       s.undo_delta = alloc<float>((size_t)U * cfg_.ssm_inner);
+      has_gdn_ = true;
       widest = std::max(widest, conv_dim());
     }
   }
@@ -551,7 +553,7 @@ int Qwen35Model::gdn_block(int il, const float* n, const float* nin, float* y, i
   } else {
     // decode and verify: norms, gates and recurrence in one op. An undoable forward leaves the state
     // as it was and the rows' updates (prepared k, g and the deltas) in the undo buffers, for
-    // apply_undo_rows.
+    // keep_undo_rows.
     const Backend::GdnPrepared undo{s.undo_q, s.undo_k, s.undo_g, s.undo_beta, s.undo_delta};
     be_.gdn_prepare_recurrent({q, C, k, C, v, C, a_, b_, w.dt_bias, w.ssm_a}, s.ssm_state, attn_,
                               undoable ? &undo : nullptr, M, shape);
@@ -702,6 +704,9 @@ void Qwen35Model::rollback(int64_t n_keep) {
 void Qwen35Model::keep_undo_rows(int64_t n_keep) {
   const int64_t C = conv_dim(), km1 = cfg_.ssm_conv_kernel - 1;
   const bool drop = n_keep < last_rows_;  // the conv ran over every row: its windows go back only then
+  last_rows_ = n_keep;
+  last_undoable_ = false;  // a second rollback would need the states before this one
+  if (!has_gdn_) return;
   auto ops = [&] {
     // Every GDN layer is independent of the others: the recurrent states advanced over the kept rows'
     // recorded updates in one batch, then (rows dropped) the conv states.
@@ -728,8 +733,6 @@ void Qwen35Model::keep_undo_rows(int64_t n_keep) {
   // Every pointer and size above depends only on n_keep and whether rows are dropped: one graph each
   // (27B: ~100 jobs per cycle, launched one by one they cost more than their work).
   graphs_.run(kRollbackKey | static_cast<uint64_t>(n_keep) | static_cast<uint64_t>(drop) << 32, ops);
-  last_rows_ = n_keep;
-  last_undoable_ = false;  // a second rollback would need the states before this one
 }
 
 }  // namespace
