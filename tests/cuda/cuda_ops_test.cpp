@@ -695,7 +695,7 @@ TEST(CudaOps, GdnRecurrent) {
     check("gdn_recurrent out", shp, og.get(), oc.get(), 1e-9, og.guard_ok());
     check("gdn_recurrent state", shp, sg.get(), sc.get(), 1e-9, sg.guard_ok());
     check("gdn_recurrent snapshots", shp, snapg.get(), snapc.get(), 1e-9, snapg.guard_ok());
-    // out of place (rollback's replay from its checkpoint): the in-place bits, state_in untouched
+    // out of place (state_in != state): the in-place bits, state_in untouched
     {
       Buf<float> s_in(gpu(), in.state), s_out(gpu(), hs), o2(gpu(), M * s.n_v_heads * s.head_v);
       gpu().gdn_recurrent(qg, kg, vg, gg, bg, s_in, s_out, o2, nullptr, M, s);

@@ -121,8 +121,8 @@ __global__ void copy_rows_kernel(float* dst, int64_t ds, const float* src, int64
 // Backend::copy on the device: a kernel rather than a memcpy node. In a step graph a memcpy node breaks
 // the chain of programmatic dependent launches (the kernel after it cannot start early) and costs a
 // launch of its own: verify's per-layer undo copies (the GDN and conv states before the block, the conv
-// inputs) showed as 288 us of idle gaps in a 7.9 ms step (round 8 timeline; the GDN state's checkpoint
-// has since moved into the recurrence kernel), and rollback replays ~240 copies.
+// inputs) showed as 288 us of idle gaps in a 7.9 ms step (round 8 timeline; since round 32 the GDN state
+// needs no checkpoint at all), and a rollback ran ~240 copies then (now one copy_batch launch).
 template <typename T>
 __global__ void copy_kernel(T* __restrict__ dst, const T* __restrict__ src, size_t n) {
   pdl_wait();
