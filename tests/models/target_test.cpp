@@ -78,14 +78,22 @@ struct Case {
 
 class TargetModelTest : public ::testing::TestWithParam<Case> {};
 
+// Two copies of the case's tiny model, both prefilled with `prompt`: one takes the path under test, the
+// other the reference path.
+struct Twins {
+  Loaded a, b;
+};
+Twins load_prefilled_twins(const Case& c, const std::string& name, std::span<const int32_t> prompt) {
+  Twins t{load(tiny(c.arch, c.type, c.prism), name + "_" + c.arch + ".gguf"),
+          load(tiny(c.arch, c.type, c.prism), name + "_b_" + c.arch + ".gguf")};
+  prefill(*t.a.model, prompt);
+  prefill(*t.b.model, prompt);
+  return t;
+}
+
 // Each row of an M-row forward gets the same logits and taps, bit for bit, as one-row forwards.
 TEST_P(TargetModelTest, MultiRowForwardIsBitIdenticalToSingleRows) {
-  const Case c = GetParam();
-  Loaded a = load(tiny(c.arch, c.type, c.prism), std::string("rows_") + c.arch + ".gguf");
-  Loaded b = load(tiny(c.arch, c.type, c.prism), std::string("rows_b_") + c.arch + ".gguf");
-  const auto prompt = random_tokens(13, 1, 500);
-  prefill(*a.model, prompt);
-  prefill(*b.model, prompt);
+  auto [a, b] = load_prefilled_twins(GetParam(), "rows", random_tokens(13, 1, 500));
   const auto block = random_tokens(8, 2, 500);
   ForwardOptions all;
   all.logits = LogitRows::kAll;
@@ -107,12 +115,7 @@ TEST_P(TargetModelTest, MultiRowForwardIsBitIdenticalToSingleRows) {
 
 // After rollback(k), the state equals that of a run that only ever saw the first k rows.
 TEST_P(TargetModelTest, RollbackEqualsNeverSeeingTheRows) {
-  const Case c = GetParam();
-  Loaded a = load(tiny(c.arch, c.type, c.prism), std::string("undo_") + c.arch + ".gguf");
-  Loaded b = load(tiny(c.arch, c.type, c.prism), std::string("undo_b_") + c.arch + ".gguf");
-  const auto prompt = random_tokens(9, 3, 500);
-  prefill(*a.model, prompt);
-  prefill(*b.model, prompt);
+  auto [a, b] = load_prefilled_twins(GetParam(), "undo", random_tokens(9, 3, 500));
   for (int64_t keep = 1; keep <= 6; ++keep) {
     const auto block = random_tokens(6, 10 + keep, 500);
     ForwardOptions u;
@@ -156,12 +159,7 @@ TEST_P(TargetModelTest, RollbackEqualsNeverSeeingTheRows) {
 // state of a plain forward of those rows. (An undoable forward leaves the GDN states as they were and
 // records the rows' updates; they are applied when the next call needs them.)
 TEST_P(TargetModelTest, UndoableForwardWithoutRollbackKeepsEveryRow) {
-  const Case c = GetParam();
-  Loaded a = load(tiny(c.arch, c.type, c.prism), std::string("keep_") + c.arch + ".gguf");
-  Loaded b = load(tiny(c.arch, c.type, c.prism), std::string("keep_b_") + c.arch + ".gguf");
-  const auto prompt = random_tokens(7, 5, 500);
-  prefill(*a.model, prompt);
-  prefill(*b.model, prompt);
+  auto [a, b] = load_prefilled_twins(GetParam(), "keep", random_tokens(7, 5, 500));
   ForwardOptions u, lo;
   u.undoable = true;
   lo.want_logits = true;
