@@ -10,7 +10,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <random>
+#include <span>
+#include <vector>
 
 #include "cuda_test_util.h"
 #include "ops/cuda/cuda_backend.h"
@@ -116,6 +119,74 @@ TEST(CudaKQuant, GroupSharedInput) {
   record({"kquant matmul_group M-row==1-row", "Q4_K 5120 -> 4096 + 1024, M=8", 0, 0, 0, same,
           same ? "memcmp equal" : "differs"});
   EXPECT_TRUE(same);
+}
+
+// A Q4_K_M layer's attention projections: q | k in Q4_K, v in Q6_K (the 27B drafter's heavy layers).
+// matmul_group launches q | k as one group and v alone (matmul_group_by_layout): each output within the
+// bound of the CPU, the same bits as matmul_group(q | k) and matmul(v) (a group's k split is its own, so
+// q | k may round differently from q alone), and each row of the 8-row call == the 1-row call.
+TEST(CudaKQuant, MixedGroupOneLaunchPerLayout) {
+  REQUIRE_GPU();
+  const int64_t in = 5120;
+  const GgmlType types[] = {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K};
+  const int64_t outs[] = {4096, 1024, 1024};
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<WeightRef> wg, wc;
+  for (int i = 0; i < 3; ++i) {
+    bytes.push_back(make_weight(types[i], in, outs[i], 990 + i).bytes);
+    wg.push_back(gpu().upload_weight(bytes.back().data(), types[i], in, outs[i]));
+    wc.push_back(cpu().upload_weight(bytes.back().data(), types[i], in, outs[i]));
+  }
+  // The mixed group on x (M rows): its outputs, and the same outputs as q | k grouped and v alone.
+  const auto run = [&](const std::vector<float>& x, int64_t M, bool split) {
+    Buf<float> xg(gpu(), x);
+    std::vector<std::unique_ptr<Buf<float>>> y;
+    std::vector<Backend::MatmulOut> o;
+    for (int i = 0; i < 3; ++i) {
+      y.push_back(std::make_unique<Buf<float>>(gpu(), M * outs[i]));
+      o.push_back({&wg[i], *y.back()});
+    }
+    if (split) {
+      gpu().matmul_group(std::span<const Backend::MatmulOut>(o.data(), 2), xg, M);
+      gpu().matmul(wg[2], xg, *y[2], M);
+    } else {
+      gpu().matmul_group(o, xg, M);
+    }
+    std::vector<std::vector<float>> r;
+    for (auto& b : y) {
+      EXPECT_TRUE(b->guard_ok());
+      r.push_back(b->get());
+    }
+    return r;
+  };
+  std::mt19937 rng(98);
+  const int64_t M = 8;
+  const auto x = randn_vec(rng, M * in);
+  const auto mixed = run(x, M, false), split = run(x, M, true);
+  Buf<float> xc(cpu(), x);
+  std::vector<std::unique_ptr<Buf<float>>> yc;
+  std::vector<Backend::MatmulOut> oc;
+  for (int i = 0; i < 3; ++i) {
+    yc.push_back(std::make_unique<Buf<float>>(cpu(), M * outs[i]));
+    oc.push_back({&wc[i], *yc.back()});
+  }
+  cpu().matmul_group(oc, xc, M);
+  bool same = true, rows_same = true;
+  for (int i = 0; i < 3; ++i) {
+    check(fmt::format("kquant mixed matmul_group part {}", i), fmt::format("{} 8x{}x{}", type_name(types[i]), in, outs[i]),
+          mixed[i], yc[i]->get(), matmul_bound(types[i]), true);
+    same = same && std::memcmp(mixed[i].data(), split[i].data(), M * outs[i] * 4) == 0;
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    const auto one = run(std::vector<float>(x.begin() + m * in, x.begin() + (m + 1) * in), 1, false);
+    for (int i = 0; i < 3; ++i)
+      rows_same = rows_same && std::memcmp(one[i].data(), mixed[i].data() + m * outs[i], outs[i] * 4) == 0;
+  }
+  const char* shape = "Q4_K 4096 + Q4_K 1024 + Q6_K 1024, M=8";
+  record({"kquant mixed matmul_group == group(q | k) + matmul(v)", shape, 0, 0, 0, same, same ? "memcmp equal" : "differs"});
+  record({"kquant mixed matmul_group M-row==1-row", shape, 0, 0, 0, rows_same, rows_same ? "memcmp equal" : "differs"});
+  EXPECT_TRUE(same);
+  EXPECT_TRUE(rows_same);
 }
 
 // get_rows (embeddings, the DFlash 2 codebooks) of every type and layout: the CPU's rows bit for bit;

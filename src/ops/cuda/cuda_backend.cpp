@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -309,6 +310,35 @@ class CudaBackend final : public Backend {
         cuda::env_flag("DFLASH_CUDA_MM_PAD_ROWS", true) && cuda::env_flag("DFLASH_CUDA_MM_FIXED_M", true);
     return pad ? rows_as_full_tile(rows, room) : rows;
   }
+  // Whether weights a and b can share one tensor-core launch (matmul_group): both ternary, or both K-quant
+  // of one type, with the same input width.
+  static bool one_mma_launch(const cuda::DevWeight& a, const cuda::DevWeight& b) {
+    const bool mma = b.layout == cuda::Layout::kTernaryMma || (b.layout == cuda::Layout::kKQuantMma && b.type == a.type);
+    return mma && b.layout == a.layout && b.in == a.in;
+  }
+  // A group of mixed layouts: one launch for each set of weights that can share one (one_mma_launch), the
+  // rest one matmul each. A Q4_K_M file's attention q | k are Q4_K and its v Q6_K in some layers (the 27B
+  // drafter's, S33): q | k in one launch, v in another, where one matmul each took three. An output has the
+  // bits of the launch it is in (a group's k split is the group's own: q | k may round differently from q
+  // alone; each row's bits still do not depend on M, tested), and later launches reuse the quantized input (xq_).
+  void matmul_group_by_layout(std::span<const MatmulOut> outs, const cuda::DevWeight* dws, const float* x, int64_t M) {
+    const size_t n = outs.size();
+    std::array<bool, cuda::kTernaryMaxGroup> done{};
+    for (size_t i = 0; i < n; ++i) {
+      if (done[i]) continue;
+      std::array<MatmulOut, cuda::kTernaryMaxGroup> sub{};
+      size_t k = 0;
+      for (size_t j = i; j < n; ++j)
+        if (!done[j] && (j == i || one_mma_launch(dws[i], dws[j]))) {
+          sub[k++] = outs[j];
+          done[j] = true;
+        }
+      if (k > 1 && one_mma_launch(dws[i], dws[i]))
+        matmul_group(std::span<const MatmulOut>(sub.data(), k), x, M);
+      else
+        for (size_t j = 0; j < k; ++j) matmul(*sub[j].w, x, sub[j].y, M);
+    }
+  }
   void matmul_group(std::span<const MatmulOut> outs, const float* x, int64_t M) override {
     // One launch when every weight is in one tensor-core layout (ternary, or K-quant of one type) with the
     // same input width.
@@ -327,11 +357,7 @@ class CudaBackend final : public Backend {
     }
     gather_group(outs, "matmul_group", dws, ws, ys);
     bool one_launch = true;
-    for (size_t i = 0; i < outs.size(); ++i) {
-      const bool mma = dws[i].layout == cuda::Layout::kTernaryMma ||
-                       (dws[i].layout == cuda::Layout::kKQuantMma && dws[i].type == dws[0].type);
-      one_launch = one_launch && mma && dws[i].layout == dws[0].layout && dws[i].in == dws[0].in;
-    }
+    for (size_t i = 0; i < outs.size(); ++i) one_launch = one_launch && one_mma_launch(dws[0], dws[i]);
     if (!one_launch) {
       // Small block-layout weights of one type (GDN alpha | beta): one launch of the k-split kernel.
       if (split_group_ && cuda::launch_matmul_split_group(ws, ys, static_cast<int>(outs.size()), x, M, stream_)) {
@@ -339,7 +365,7 @@ class CudaBackend final : public Backend {
         after("matmul");
         return;
       }
-      Backend::matmul_group(outs, x, M);
+      matmul_group_by_layout(outs, dws, x, M);
       return;
     }
     const int n = static_cast<int>(outs.size());
