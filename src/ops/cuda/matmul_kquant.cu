@@ -211,6 +211,9 @@ struct Q6kFmt {
   // measurable here (draft timelines, fixed / general: S29-5 29.2 / 29.0 and 8.1 / 7.8 us, one machine;
   // S29-6 29.6 / 30.6 and 8.1 / 7.9, two builds alternating), so Q6_K keeps the general ones (fewer
   // instantiations).
+  // Round 33 located the same symptom in a hinted ternary build (RESULTS, S33-9): a predicated copy (the
+  // scales') got a shared address of the form [R + UR] and read an unwritten desc[UR1]; passing that address
+  // through a __shfl_sync of the lane's own value made the build clean. Not yet tried for Q6_K.
   static constexpr bool kL2Hint = false;
   static constexpr bool kFixedRows = false;
   static constexpr int kCodeBytes = 2048, kScaleBytes = 192;
