@@ -123,6 +123,7 @@ struct Q4kFmt {
   static constexpr bool kEpilogues = false;
   static constexpr bool kFixedRows = true;
   static constexpr bool kL2Hint = true;
+  static constexpr bool kShuffleScaleDst = false;  // their builds are clean without (mma_gemv.cuh's issue_weights)
   static constexpr int kCodeBytes = 1024, kScaleBytes = 192;
   // Rings: 2 stages of 5.1 KB (decode) / 7.0 KB (8 rows) per warp (2 activation planes); 3 CTAs per SM
   // (the 8-row kernels take 138-144 registers). kMinBlocks 4 (128 registers, 24-48 bytes of spill, 4 CTAs
@@ -200,21 +201,18 @@ struct Q4kFmt {
 
 struct Q6kFmt {
   static constexpr bool kEpilogues = false;
-  // No L2 cache hint on the weights' copies: ptxas 13.0 miscompiles Q6_K's hinted kernels now and then.
-  // Their SASS reads the policy's descriptor register (desc[UR1]) in some of the weights' copies and never
-  // writes it, so they trap with "illegal instruction": the fixed-M 8-row build in rounds 27-28 (also with
-  // the policy taken from a kernel parameter instead of createpolicy), the general 2-row build once the
-  // activation records went to 2 planes (round 29). Without the hint there is no descriptor to lose
-  // (tools/sass_check_descriptors.py, run by gpu_test.sh, checks every kernel); Q6_K is only the drafter's,
-  // whose weights are a small part of the draft step's reads (evict-first was worth ~3 us of its two ~29 us
-  // launches per draft step, S29-1 vs S29-3). The kernels built for exactly 1 or 8 rows gain nothing
-  // measurable here (draft timelines, fixed / general: S29-5 29.2 / 29.0 and 8.1 / 7.8 us, one machine;
-  // S29-6 29.6 / 30.6 and 8.1 / 7.9, two builds alternating), so Q6_K keeps the general ones (fewer
-  // instantiations).
-  // Round 33 located the same symptom in a hinted ternary build (RESULTS, S33-9): a predicated copy (the
-  // scales') got a shared address of the form [R + UR] and read an unwritten desc[UR1]; passing that address
-  // through a __shfl_sync of the lane's own value made the build clean. Not yet tried for Q6_K.
-  static constexpr bool kL2Hint = false;
+  // The weights stream with the L2 evict-first hint again since round 33, their scales' shared address
+  // through a shuffle (kShuffleScaleDst). ptxas 13.0 had miscompiled Q6_K's hinted kernels now and then:
+  // their SASS read the policy's descriptor register (desc[UR1]) in a weight copy and never wrote it, so they
+  // trapped with "illegal instruction" (the fixed-M 8-row build in rounds 27-28, also with the policy taken
+  // from a kernel parameter; the general 2-row build in round 29), and rounds 29-32 copied without the hint.
+  // Round 33 found the pattern in a hinted ternary build (RESULTS, S33-9): the predicated copy of the scales
+  // with a shared address of the form [R + UR]; through the shuffle that form cannot arise, and every Q6_K
+  // build is clean (tools/sass_check_descriptors.py, run by gpu_test.sh). Draft step 0.817-0.820 -> 0.806-0.809
+  // ms, the Q6_K ffn_down 28.70 -> 26.05 us exposed (S33-11). The kernels built for exactly 1 or 8 rows gained
+  // nothing measurable without the hint (draft timelines, fixed / general: S29-5 29.2 / 29.0 and 8.1 / 7.8 us,
+  // one machine; S29-6 29.6 / 30.6 and 8.1 / 7.9, two builds alternating), so Q6_K keeps the general ones.
+  static constexpr bool kL2Hint = true, kShuffleScaleDst = true;
   static constexpr bool kFixedRows = false;
   static constexpr int kCodeBytes = 2048, kScaleBytes = 192;
   // Rings: 2 stages of 9.2 KB (decode) / 11.1 KB (8 rows) per warp (2 activation planes); 2 CTAs per SM.

@@ -101,6 +101,7 @@ struct TernaryFmt {
   static constexpr bool kEpilogues = true;  // GDN's input side in the projections' launch (launch_gdn_input)
   static constexpr bool kFixedRows = true;
   static constexpr bool kL2Hint = true;  // evict-first weights (round 22)
+  static constexpr bool kShuffleScaleDst = false;  // its builds are clean without (mma_gemv.cuh's issue_weights)
   // 4 warps: 8 per CTA (2 CTAs per SM, half the blocks per warp) made attn_qkv 10.0 -> 8.4 us alone but
   // the decode step 4.91 -> 5.28 ms and verify 9.1 -> 10.1 ms (S7-5).
   static constexpr int kWarps = 4;

@@ -55,7 +55,9 @@
 //   block_compute<R>(stage, mc, g, t, lc, acc)   one staged block: acc[i][jj] += the block's part of
 //                            (weight row g / g + 8 of tile i) x (activation row 2t / 2t + 1), jj as D.
 //   kL2Hint                  whether the weights' copies carry the L2 cache policy (mma_weights_evict_first);
-//                            false: plain cp.async.cg (Q6kFmt: ptxas 13.0 miscompiles some hinted builds)
+//                            false: plain cp.async.cg
+//   kShuffleScaleDst         whether the scales' copies take their shared address through a shuffle
+//                            (issue_weights: ptxas 13.0 lost the policy register of a predicated copy otherwise)
 //   kFixedRows               whether launches of exactly 1 or 8 rows take the kernels built for that M
 //                            (mm_mma_kernel's kFixedM)
 //   kEpilogues               whether its kernels are also built with GDN's input side (kEpiGdnInput: the
@@ -236,11 +238,25 @@ __device__ __forceinline__ void issue_weights(const BlockSrc<F>& src, int64_t bo
     for (int q = 0; q < F::kCodeBytes / 512; ++q)
       cp_async16_weights<F>(stage + i * F::kCodeBytes + q * 512 + lane * 16,
                             src.codes[i] + boff * F::kCodeBytes + q * 512, policy);
+  // F::kShuffleScaleDst: the scales' shared address goes through a shuffle of the lane's own value (one SHFL
+  // per block), a plain register. ptxas 13.0 gave a predicated, L2-hinted copy a shared address of the form
+  // [R + UR] and read its policy from a uniform register nothing writes ("illegal instruction"; RESULTS
+  // round 33, S33-9: a wide ternary build; the hinted Q6_K builds of rounds 27-29 failed the same way and
+  // are clean with the shuffle, S33-11). The other formats' builds are clean without it and keep their code.
+  if constexpr (F::kShuffleScaleDst) {
+    uint8_t* const dst = reinterpret_cast<uint8_t*>(
+        __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(stage + kTilesPerCta * F::kCodeBytes + lane * 16), lane));
 #pragma unroll
-  for (int q = 0; q < BlockSrc<F>::kScaleIssues; ++q)
-    if (lane + 32 * q < BlockSrc<F>::kScalePieces)
-      cp_async16_weights<F>(stage + kTilesPerCta * F::kCodeBytes + (lane + 32 * q) * 16,
-                            src.scales[q] + boff * F::kScaleBytes, policy);
+    for (int q = 0; q < BlockSrc<F>::kScaleIssues; ++q)
+      if (lane + 32 * q < BlockSrc<F>::kScalePieces)
+        cp_async16_weights<F>(dst + 32 * q * 16, src.scales[q] + boff * F::kScaleBytes, policy);
+  } else {
+#pragma unroll
+    for (int q = 0; q < BlockSrc<F>::kScaleIssues; ++q)
+      if (lane + 32 * q < BlockSrc<F>::kScalePieces)
+        cp_async16_weights<F>(stage + kTilesPerCta * F::kCodeBytes + (lane + 32 * q) * 16,
+                              src.scales[q] + boff * F::kScaleBytes, policy);
+  }
 }
 // The activations of one staged block: the mc rows' records are one contiguous run (block-major xq), so
 // piece p = lane + 32 it (< mc * kXqBytes / 16 pieces of 16 B) lands at p * 16 in the stage's xq area from
