@@ -27,7 +27,8 @@
 #       default kernels, with the generic split kernel (DFLASH_CUDA_ATTN_SEGMENTS=0) and with each ';'-separated
 #       set of assignments in $ATTN_ENV (e.g. ATTN_ENV='DFLASH_CUDA_ATTN_ROWS=1'): $OUT/attention.md.
 #       With the tests (unless --no-test) every memory descriptor read in dflash's SASS is checked to be
-#       written in its kernel (tools/sass_check_descriptors.py: ptxas 13.0 left one unwritten in Q6_K's fixed-row build).
+#       written in its kernel (tools/sass_check_descriptors.py: ptxas 13.0 left one unwritten in Q6_K's fixed-row build
+#       and in a wide ternary build, round 33).
 #       --sass NAME writes the opcode histogram of the kernels whose name contains NAME
 #       (tools/sass_opcodes.py; e.g. --sass mm_mma_kernel).
 #       --profile-step TYPE profiles one decode step of that 27B target with ncu and writes the

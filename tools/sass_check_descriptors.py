@@ -8,7 +8,10 @@ hint (`cp.async ... L2::cache_hint`) is carried in it. ptxas 13.0 has been seen 
 register unwritten while keeping the accesses that read it; the kernel then traps with "illegal
 instruction" at the first copy. Here: Q6_K's fixed-row 8-row matmul build (rounds 27-28: UR1 read by 18
 copies, written nowhere, with the policy made by createpolicy in the kernel or taken from a parameter
-alike); the IST-DASLab/marlin issue 44 report describes the same with createpolicy. The check is static,
+alike); the IST-DASLab/marlin issue 44 report describes the same with createpolicy. Round 33 found the
+shape that triggers it: a predicated copy whose shared address has the form [R + UR] (`@!P1 LDGSTS.E.BYPASS.128
+[R39+UR0], desc[UR1][R22.64]`, the scales' copy in a block loop); a shared address passed through a shuffle
+avoids that form (mma_gemv.cuh's kShuffleScaleDst, RESULTS round 33). The check is static,
 so it covers every kernel of a build that cuobjdump can read (the GPU machine has cuobjdump; the build
 machine does not).
 
