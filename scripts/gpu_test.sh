@@ -54,7 +54,8 @@
 #   scripts/gpu_test.sh --ab NAME [--ab-runs N]   (with --dflash-bench TYPE, or after it on the machine)
 #       on the GPU machine: alternates the current build and gpu_NAME N times (default 2) on the 27B pair:
 #       bench_cuda_ops --model-only (decode, verify, draft) and dflash bench pp512. With --timeline TYPE
-#       also gpu_NAME's timeline ($OUT/timeline_TYPE_NAME.md).
+#       also gpu_NAME's timeline ($OUT/timeline_TYPE_NAME.md) and the two compared kernel by kernel
+#       (tools/timeline_diff.py: $OUT/timeline_diff_NAME.log, printed).
 #   scripts/gpu_test.sh --env-ab 'A=0;B=1 C=2' [--ab-runs N] [--pp]   (with --dflash-bench TYPE)
 #       on the GPU machine: bench_cuda_ops --model-only on the 27B pair with no extra environment, then with
 #       each ';'-separated set of assignments (runtime switches, DFLASH_CUDA_SKIP=... diagnostics), N rounds;
@@ -322,6 +323,9 @@ if [ -n "$AB" ]; then
       --drafter "$D" --model-only --out "$OUT/timeline_${TIMELINE}_$AB.md" >"$OUT/timeline_${TIMELINE}_$AB.log" 2>&1
     echo "timeline $TIMELINE of gpu_$AB: exit $?"
     grep -E "^decode|^verify|^draft|kernels, span" "$OUT/timeline_${TIMELINE}_$AB.md"
+    # kernel by kernel, the largest changes first (in the logs pack, and printed)
+    python3 tools/timeline_diff.py "$OUT/timeline_$TIMELINE.md" "$OUT/timeline_${TIMELINE}_$AB.md" --top 8 \
+      >"$OUT/timeline_diff_$AB.log" 2>&1 && cat "$OUT/timeline_diff_$AB.log"
   fi
   for i in $(seq 1 "$AB_RUNS"); do
     for B in "$G" "$BD/gpu_$AB"; do
