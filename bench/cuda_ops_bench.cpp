@@ -849,6 +849,35 @@ int main(int argc, char** argv) {
         out.line(fmt::format("draft step ({} rows, {} layers, graph replayed, no download): {:.3f} ms = {:.3f}x a "
                              "decode step", dc.block_size, dc.n_layer, dr_ms, dr_ms / ms_tok));
         record_timeline("timeline: one draft step", [&] { drafter->draft_device(1234); }, nullptr);
+        // One device-resident speculative cycle as Engine::generate_speculative runs it at tau 1 (the drafts of
+        // random weights are never accepted): the verify of the device draft block with taps and the host's one
+        // wait (its download), rollback(1), the drafter's context append of the kept row's taps, the next draft.
+        // Against the steps above it shows what the context append and the hand-offs between the steps add
+        // (S34-4: 5.36 ms, of which the append ~85 us of kernels, its 25600 -> 5120 Q4_K projection 29 us). Not
+        // a timeline: CUPTI's recording stretches the host's wait inside the cycle.
+        ForwardOptions cyc;
+        cyc.logits = LogitRows::kAll;
+        cyc.want_taps = true;
+        cyc.taps_on_device = true;
+        cyc.undoable = true;
+        const int32_t* d_block = drafter->draft_device(1234);
+        const auto cycle = [&] {
+          const int32_t next = model->forward_device(d_block, dc.block_size, cyc).argmax[0];
+          model->rollback(1);
+          drafter->append_context_device(model->device_taps(), 1);
+          d_block = drafter->draft_device(next);
+        };
+        for (int i = 0; i < 3; ++i) cycle();  // captures
+        be->synchronize();
+        const int n_cyc = std::max(8, n_tokens / 2);
+        const auto c0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < n_cyc; ++i) cycle();
+        be->synchronize();
+        const double cyc_ms =
+            1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count() / n_cyc;
+        out.line(fmt::format("speculative cycle (verify {} rows with taps + rollback(1) + context append + draft, one "
+                             "host wait): {:.3f} ms = {:.3f}x a decode step",
+                             dc.block_size, cyc_ms, cyc_ms / ms_tok));
       }
     }
     if (!out_path.empty()) {
