@@ -113,6 +113,8 @@ TEST_F(BundledModel, BenchReportsEveryRow) {
   EXPECT_TRUE(j["rows"][1].contains("percent_of_floor"));
   EXPECT_GT(j["rows"][0]["matmul_tflops"].get<double>(), 0.0);
   EXPECT_GT(j["read_bandwidth_gbs"].get<double>(), 0.0);
+  EXPECT_GT(j["rows"][2]["pass_ms"].get<double>(), 0.0);  // the verify's split: the pass and the rollback
+  EXPECT_GT(j["rows"][2]["rollback_ms"].get<double>(), 0.0);
   EXPECT_GT(j["rows"][3]["draft_over_decode"].get<double>(), 0.0);
   EXPECT_GT(j["rows"][4]["acceptance_length"].get<double>(), 1.0);  // the bundled drafter accepts something
 }
