@@ -853,7 +853,7 @@ int main(int argc, char** argv) {
         // random weights are never accepted): the verify of the device draft block with taps and the host's one
         // wait (its download), rollback(1), the drafter's context append of the kept row's taps, the next draft.
         // Against the steps above it shows what the context append and the hand-offs between the steps add
-        // (S34-4: 5.36 ms, of which the append ~85 us of kernels, its 25600 -> 5120 Q4_K projection 29 us). Not
+        // (S34-4: 5.36 ms, of which the append ~89 us of kernels, its 25600 -> 5120 Q4_K projection 29 us). Not
         // a timeline: CUPTI's recording stretches the host's wait inside the cycle.
         ForwardOptions cyc;
         cyc.logits = LogitRows::kAll;
