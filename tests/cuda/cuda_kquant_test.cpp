@@ -156,7 +156,9 @@ TEST(CudaKQuant, MixedGroupOneLaunchPerLayout) {
     }
     std::vector<std::vector<float>> r;
     for (auto& b : y) {
-      if (&be == &gpu()) EXPECT_TRUE(b->guard_ok());
+      if (&be == &gpu()) {
+        EXPECT_TRUE(b->guard_ok());
+      }
       r.push_back(b->get());
     }
     return r;
