@@ -218,6 +218,24 @@ TEST(CudaMatmul, GroupSharedInput) {
   group_case({{GgmlType::PTQ1_0, 96}, {GgmlType::Q4_K, 64}}, 512, {1, 4}, 730);  // mixed: one matmul each
 }
 
+// Launches a little over one wave of the 8-row kernel cut their last groups into k-range pieces whose last
+// CTA adds the pieces (mma_gemv.cuh, MmaTail; the formats with kTailPieces): the drafter's Q4_K FFN gate | up
+// (544 groups for 3 x 132 CTAs on an H200). The pieces' sums against the CPU, and every row of 8, 13 and 70
+// rows (70: two launches of at most kTailRowTiles row tiles) == the one-row call, bit for bit. The 27B
+// target's PTQ1_0 gate | up (no tail pieces) at the fixed 8-row kernel beside it.
+TEST(CudaMatmul, TailPieces) {
+  REQUIRE_GPU();
+  const int64_t before = cuda::matmul_tail_launches();
+  group_case({{GgmlType::Q4_K, 17408}, {GgmlType::Q4_K, 17408}}, 5120, {1, 8, 13, 70}, 750);
+  const int64_t tails = cuda::matmul_tail_launches() - before;
+  group_case({{GgmlType::PTQ1_0, 17408}, {GgmlType::PTQ1_0, 17408}}, 5120, {1, 8}, 740);
+  record({"matmul tail launches", "Q4_K 5120 x (17408 + 17408)", 0, 0, 0, true, fmt::format("{}", tails)});
+  // One wave's slots depend on the GPU; on the H200 (132 SMs) the shape has a tail.
+  if (cuda::current_sm_count() == 132) {
+    EXPECT_GT(tails, 0) << "no launch ran tail pieces";
+  }
+}
+
 // ---- matmul-input chains (residual_norm_rotate, swiglu_rotate, gated_norm_rotate) ---------------
 // On CUDA the residual add joins the norm kernel. Checked: every output (x updated, n, y) against the
 // CPU's op sequences within 1e-11, and M-row == 1-row bit for bit.

@@ -909,6 +909,7 @@ class CudaBackend final : public Backend {
     kScratchArgmax,
     kScratchTopK,
     kScratchMatmulXq,
+    kScratchMatmulTail,
     kScratchBench,
     kScratchSelector,
     kScratchSink,
@@ -968,6 +969,7 @@ class CudaBackend final : public Backend {
       buf.xq = scratch(kScratchMatmulXq, need.xq_bytes);
       buf.xq_ready = xq_.valid && xq_.x == x && xq_.M == M && xq_.K == K && xq_.buf == buf.xq && M <= 65535;
       xq_reused_ += buf.xq_ready;
+      buf.tail = scratch(kScratchMatmulTail, cuda::mma_tail_scratch_bytes());
     }
     return buf;
   }
@@ -1184,6 +1186,7 @@ std::string weight_layout(Backend& be, const WeightRef& w) { return as_cuda(be).
 int64_t quantizations_reused(Backend& be) { return as_cuda(be).xq_reused(); }
 int64_t gdn_input_launches(Backend& be) { return as_cuda(be).gdn_input_fused_count(); }
 int64_t gated_attention_launches(Backend& be) { return as_cuda(be).gated_attention_count(); }
+int64_t matmul_tail_launches() { return mma_tail_launches(); }
 
 
 double time_ms(Backend& be, int warmup, int iters, const std::function<void()>& fn) {

@@ -55,6 +55,11 @@ int64_t quantizations_reused(Backend& be);
 int64_t gdn_input_launches(Backend& be);
 // attention_gate_rotate calls that ran fused (the merge and the gated output chain in one kernel; tests).
 int64_t gated_attention_launches(Backend& be);
+// Integer-mma matmul launches so far, in this process, whose groups past one wave ran as tail pieces
+// (mma_gemv.cuh, MmaTail; tests).
+int64_t matmul_tail_launches();
+// Streaming multiprocessors of the current device; 0 when the runtime cannot say (also in kernels.h).
+int current_sm_count();
 
 // The decode / verify attention's segment kernel variant (attention_segments.cu: 0 slice-parallel scores,
 // 1 lane scores with single K / V buffers, both fp32 FMA with the same bits; 2 scores and P . V on the

@@ -55,7 +55,21 @@ struct TernaryScratch {
 struct TernaryBuffers {
   void* xq = nullptr;
   bool xq_ready = false;  // xq already holds these activations (the caller's cache): skip quantizing
+  // mma_tail_scratch_bytes(), zeroed when allocated (the kernels leave its counts at zero): the pieces of
+  // launches a little over one wave (mma_gemv.cuh, MmaTail). Null: no launch is cut into pieces.
+  void* tail = nullptr;
 };
+// The integer-mma matmul's tail pieces (mma_gemv.cuh, MmaTail): at most kTailMaxPieces per launch and
+// kTailRowTiles row tiles of 8 rows per launch (more rows take more launches).
+constexpr int kTailMaxPieces = 512;
+constexpr int kTailRowTiles = 8;
+constexpr size_t kTailArrivalBytes = sizeof(unsigned) * kTailRowTiles * kTailMaxPieces;
+constexpr size_t mma_tail_scratch_bytes() {
+  return kTailArrivalBytes + sizeof(float) * kTailRowTiles * kTailMaxPieces * 8 * 64;  // arrivals, then sums
+}
+// Host-side count of matmul launches with tail pieces in this process (tests check the path runs).
+void note_tail_launch();
+int64_t mma_tail_launches();
 TernaryScratch matmul_scratch(const DevWeight& w, int64_t M);
 // num_sms: the device's multiprocessors (it sets the k split of a weight, never M).
 void launch_matmul(const DevWeight& w, const float* x, float* y, int64_t M, const TernaryBuffers& buf, int num_sms,

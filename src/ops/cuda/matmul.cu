@@ -28,6 +28,7 @@
 //               warp's; still a fixed order that depends on K only).
 //   mm_naive    plain types with K not a multiple of 8: lane L takes elements L, L + 32, ...
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include <cooperative_groups.h>
@@ -650,6 +651,12 @@ bool matmul_supported(int type) {
       return false;
   }
 }
+
+namespace {
+std::atomic<int64_t> g_tail_launches{0};
+}  // namespace
+void note_tail_launch() { g_tail_launches.fetch_add(1, std::memory_order_relaxed); }
+int64_t mma_tail_launches() { return g_tail_launches.load(std::memory_order_relaxed); }
 
 TernaryScratch matmul_scratch(const DevWeight& w, int64_t M) {
   return w.layout == Layout::kTernaryMma || w.layout == Layout::kKQuantMma ? ternary_scratch(w.in, M)

@@ -122,6 +122,10 @@ __global__ void to_kquant_mma_kernel(const uint8_t* __restrict__ src, uint8_t* _
 struct Q4kFmt {
   static constexpr bool kEpilogues = false;
   static constexpr bool kFixedRows = true;
+  // Tail pieces (mma_gemv.cuh, MmaTail): the drafter's FFN gate | up (544 groups, 396 CTAs per wave) runs
+  // its last 148 groups as 296 half-k pieces: alone 39.0 -> 37.0 us at 8 rows, 34.4 -> 33.1 at one row; in
+  // the draft step 39.2 -> 36.1 us exposed x 5, draft 0.808-0.811 -> 0.798-0.800 ms (S35-1).
+  static constexpr bool kTailPieces = true;
   static constexpr bool kL2Hint = true;
   static constexpr bool kShuffleScaleDst = false;  // their builds are clean without (mma_gemv.cuh's issue_weights)
   static constexpr int kCodeBytes = 1024, kScaleBytes = 192;
@@ -214,6 +218,7 @@ struct Q6kFmt {
   // one machine; S29-6 29.6 / 30.6 and 8.1 / 7.9, two builds alternating), so Q6_K keeps the general ones.
   static constexpr bool kL2Hint = true, kShuffleScaleDst = true;
   static constexpr bool kFixedRows = false;
+  static constexpr bool kTailPieces = false;  // not measured: no 27B launch of Q6_K is 1-1.5 waves
   static constexpr int kCodeBytes = 2048, kScaleBytes = 192;
   // Rings: 2 stages of 9.2 KB (decode) / 11.1 KB (8 rows) per warp (2 activation planes); 2 CTAs per SM.
   static constexpr int kWarps = 4, kMinBlocks = 2, kWave = 2;

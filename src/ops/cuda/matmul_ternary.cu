@@ -100,6 +100,11 @@ struct TernaryFmt {
   static constexpr int kCodeBytes = 512, kScaleBytes = 32;
   static constexpr bool kEpilogues = true;  // GDN's input side in the projections' launch (launch_gdn_input)
   static constexpr bool kFixedRows = true;
+  // No tail pieces (mma_gemv.cuh, MmaTail): FFN gate | up's 16 groups past the 8-row wave cut into 8 pieces
+  // each were slower, alone 19.3 -> 19.8 us at 8 rows and 15.1 -> 16.0 at one row (656 CTAs), in the step
+  // verify 4.65-4.75 -> 4.72-4.91 ms, decode 3.43-3.44 -> 3.46-3.48 (S35-1): a piece in the second wave
+  // costs a DRAM round trip and the reduction's, about what the whole groups there did.
+  static constexpr bool kTailPieces = false;
   static constexpr bool kL2Hint = true;  // evict-first weights (round 22)
   static constexpr bool kShuffleScaleDst = false;  // its builds are clean without (mma_gemv.cuh's issue_weights)
   // 4 warps: 8 per CTA (2 CTAs per SM, half the blocks per warp) made attn_qkv 10.0 -> 8.4 us alone but

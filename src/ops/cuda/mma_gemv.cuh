@@ -60,6 +60,8 @@
 //                            (issue_weights: ptxas 13.0 lost the policy register of a predicated copy otherwise)
 //   kFixedRows               whether launches of exactly 1 or 8 rows take the kernels built for that M
 //                            (mm_mma_kernel's kFixedM)
+//   kTailPieces              whether launches a little over one wave of the 8-row kernel cut their last
+//                            groups into k-range pieces (MmaTail, mma_tail_plan)
 //   kEpilogues               whether its kernels are also built with GDN's input side (kEpiGdnInput: the
 //                            alpha | beta split group's CTAs beside the tiles and the conv after the qkv
 //                            tiles' stores, Backend::gdn_input; the ternary format only).
@@ -133,12 +135,27 @@ struct MmaPart {
   int tiles;    // 16-row tiles (Np / 16)
   int cta_end;  // one past this part's last CTA (blockIdx.x)
 };
+// A launch's tail (mma_tail_plan): a launch of G 64-row groups, G a little more than the S CTAs one wave of
+// the 8-row kernel holds, would spend a second wave on G - S whole groups. Instead groups [begin, begin +
+// groups) = [S, G) are each cut into `pieces` k ranges (kb), one CTA per piece (grid.x = S + groups *
+// pieces), so the second wave is that much shorter. A piece stores its sums in `partials`; the group's last
+// piece to arrive (arrivals, an atomic count it resets) adds them in piece order. The plan is a function of
+// the weights' shapes and the GPU, never of M, so every row has the same bits at every M.
+struct MmaTail {
+  int begin = 0x7fffffff;  // the first tail CTA (the whole groups before it); no tail: past every CTA
+  int pieces = 1, groups = 0;
+  int kb[9] = {};          // piece q takes blocks kb[q] .. kb[q + 1]
+  float* partials = nullptr;     // [row tiles of the launch][groups][pieces][kCols rows][64]
+  unsigned* arrivals = nullptr;  // [row tiles of the launch][groups], zero between launches
+};
 struct MmaArgs {
   MmaPart part[kTernaryMaxGroup];
   int nparts;
   const uint8_t* xq;    // quantized activations [nblk][M][kXqBytes]
   const int32_t* meta;  // [nblk][M][4]
   int64_t M;
+  int row_tile0;  // blockIdx.y's first row tile (a tail launch covers at most kTailRowTiles per launch)
+  MmaTail tail;
   int nblk, ks;
   int kb[9];  // the k split's block boundaries: CTA z takes blocks kb[z] .. kb[z + 1] (no division on the device)
   int stage_stride;  // bytes from one ring stage to the next: ring_stride<F>(mc)
@@ -384,19 +401,29 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
     }
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  // This CTA's 64-row group (blockIdx.x, or for a tail piece its group: MmaTail) and k range.
+  int group = static_cast<int>(blockIdx.x), piece = -1;
+  int b_lo = a.kb[blockIdx.z], b_hi = a.kb[blockIdx.z + 1];
+  if constexpr (kEpi == kEpiNone && F::kTailPieces) {
+    if (group >= a.tail.begin) {
+      const int p = group - a.tail.begin;
+      group = a.tail.begin + p / a.tail.pieces;
+      piece = p % a.tail.pieces;
+      b_lo = a.tail.kb[piece], b_hi = a.tail.kb[piece + 1];
+    }
+  }
   // This CTA's weight (part) and its first tile in that weight.
   int cta_begin;
-  const MmaPart pt = group_part(a.part, a.nparts, static_cast<int>(blockIdx.x), cta_begin);
+  const MmaPart pt = group_part(a.part, a.nparts, group, cta_begin);
   const int tiles = pt.tiles;
-  const int tile0 = (blockIdx.x - cta_begin) * kTilesPerCta;
+  const int tile0 = (group - cta_begin) * kTilesPerCta;
   const int nt_rows = min(kTilesPerCta, tiles - tile0) * 16;  // weight rows of this CTA (<= 64)
   const int ntile = nt_rows / 16;
   static_assert(!kFixedM || R == 1 || R == kCols, "a fixed M is one row or one full row tile");
   const int64_t M = kFixedM ? R : a.M;
-  const int64_t m0 = kFixedM ? 0 : static_cast<int64_t>(blockIdx.y) * kCols;
+  const int64_t m0 = kFixedM ? 0 : static_cast<int64_t>(blockIdx.y + a.row_tile0) * kCols;
   const int mc = kFixedM ? R : a.M - m0 < kCols ? static_cast<int>(a.M - m0) : kCols;
   const int z = blockIdx.z;
-  const int b_lo = a.kb[z], b_hi = a.kb[z + 1];
   const int sb = a.stage_stride;
   uint8_t* ring = smem + warp * kStages * sb;
   const LaneCols<R> lc(mc, g, t);
@@ -506,6 +533,40 @@ __global__ void __launch_bounds__(F::kWarps * 32, F::kMinBlocks) mm_mma_kernel(c
       }
     cluster.sync();
     if (!lead) return;
+  }
+  if constexpr (kEpi == kEpiNone && F::kTailPieces) {
+    if (piece >= 0) {
+      // A tail piece (MmaTail): its sums go to global memory; the group's last piece to arrive adds the
+      // pieces in piece order (the same order whichever arrives last) and stores y.
+      const int slot = static_cast<int>(blockIdx.y) * a.tail.groups + (group - a.tail.begin);
+      float* const parts = a.tail.partials + static_cast<int64_t>(slot) * a.tail.pieces * (64 * kCols);
+#pragma unroll
+      for (int k = 0; k < kOutPerThread; ++k) {
+        const int o = threadIdx.x + k * F::kWarps * 32;
+        if (o < 64 * kCols) parts[piece * (64 * kCols) + o] = out[k];
+      }
+      __threadfence();  // this CTA's sums are visible device-wide before its arrival is counted
+      __syncthreads();
+      int* const last = reinterpret_cast<int*>(smem) + F::kWarps * R * 64;  // past the warp sums in `red`
+      if (threadIdx.x == 0) {
+        const unsigned before = atomicAdd(a.tail.arrivals + slot, 1u);
+        const bool is_last = before + 1 == static_cast<unsigned>(a.tail.pieces);
+        if (is_last) a.tail.arrivals[slot] = 0;  // ready for the next launch (it runs after this grid)
+        *last = is_last;
+      }
+      __syncthreads();
+      if (!*last) return;
+      __threadfence();
+#pragma unroll
+      for (int k = 0; k < kOutPerThread; ++k) {
+        const int o = threadIdx.x + k * F::kWarps * 32;
+        if (o < 64 * kCols) {
+          float s = __ldcg(parts + o);
+          for (int q = 1; q < a.tail.pieces; ++q) s += __ldcg(parts + q * (64 * kCols) + o);
+          out[k] = s;
+        }
+      }
+    }
   }
 #pragma unroll
   for (int k = 0; k < kOutPerThread; ++k) {
@@ -662,9 +723,8 @@ inline int mma_rows_of(int mc) { return mc == 1 && mma_one_row_map() ? 1 : mc <=
 // The kernel for a launch of mc staged rows: R (rows per plane group) and the ring depth are scheduling
 // and column placement only, the arithmetic of a row is the same.
 template <class F, int kEpi>
-void launch_mma_kernel(const MmaArgs& a, int mc, dim3 grid, dim3 cluster, cudaStream_t s) {
+void mma_kernel_attributes() {
   constexpr int S1 = F::kStagesOneRow, SN = F::kStagesNarrow, SW = F::kStagesWide, SW2 = F::kStagesWideAlt;
-  const dim3 block(F::kWarps * 32);
   static bool attr_set = false;
   if (!attr_set) {  // rings above the 48 KB default; the largest shared-memory carveout
     const auto setup = [](auto kernel, int bytes) {  // room for mma_capped_smem's padding too
@@ -683,6 +743,13 @@ void launch_mma_kernel(const MmaArgs& a, int mc, dim3 grid, dim3 cluster, cudaSt
     }
     attr_set = true;
   }
+}
+
+template <class F, int kEpi>
+void launch_mma_kernel(const MmaArgs& a, int mc, dim3 grid, dim3 cluster, cudaStream_t s) {
+  constexpr int S1 = F::kStagesOneRow, SN = F::kStagesNarrow, SW = F::kStagesWide, SW2 = F::kStagesWideAlt;
+  const dim3 block(F::kWarps * 32);
+  mma_kernel_attributes<F, kEpi>();
   const int sb = a.stage_stride, r = mma_rows_of(mc);
   const int cap = mma_split_cap_mode();
   const bool capped = a.ks > 1 && (cap == 1 || (cap == 2 && mc > 1));
@@ -710,6 +777,49 @@ void launch_mma_kernel(const MmaArgs& a, int mc, dim3 grid, dim3 cluster, cudaSt
       if (fixed) return go(mm_mma_kernel<F, SW, 8, kEpi, true>, SW);
     go(mm_mma_kernel<F, SW, 8, kEpi>, SW);
   }
+}
+
+// CTAs of format F's 8-row kernel that one wave holds (CTAs per SM by its registers and ring x SMs): the S
+// of MmaTail. A property of the kernel and the GPU, the same for every M.
+template <class F>
+int mma_wave_slots(int num_sms) {
+  static const int per_sm = [] {
+    mma_kernel_attributes<F, kEpiNone>();
+    constexpr int SW = F::kStagesWide;
+    int n = 0;
+    const int bytes = F::kWarps * SW * ring_stride<F>(kCols);
+    cudaError_t err;
+    if constexpr (F::kFixedRows)
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mm_mma_kernel<F, SW, kCols, kEpiNone, true>,
+                                                          F::kWarps * 32, bytes);
+    else
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mm_mma_kernel<F, SW, kCols, kEpiNone>, F::kWarps * 32,
+                                                          bytes);
+    return err == cudaSuccess ? n : 0;
+  }();
+  return per_sm * num_sms;
+}
+
+// DFLASH_CUDA_MM_TAIL=0: no tail pieces (every group one CTA), for comparison; the tail groups' bits change.
+inline bool mma_tail_enabled() {
+  static const bool v = env_flag("DFLASH_CUDA_MM_TAIL", true);
+  return v;
+}
+
+// The tail of a launch of `groups` 64-row groups over nblk blocks (MmaTail): when the groups exceed one wave
+// of `slots` by at most half a wave, the groups past the wave are cut into as many pieces as the idle
+// slots of the second wave take (<= 8, >= kWarps blocks each, <= kTailMaxPieces in all). Else none.
+inline MmaTail mma_tail_plan(int groups, int nblk, int slots, int warps) {
+  MmaTail tail;
+  if (slots <= 0 || groups <= slots || 2 * (groups - slots) > slots) return tail;
+  const int extra = groups - slots;
+  const int pieces = std::min({8, slots / extra, nblk / warps, kTailMaxPieces / extra});
+  if (pieces < 2) return tail;
+  tail.begin = slots;
+  tail.groups = extra;
+  tail.pieces = pieces;
+  for (int q = 0; q <= pieces; ++q) tail.kb[q] = nblk * q / pieces;
+  return tail;
 }
 
 // GDN's input side in the projections' launch (launch_mma_group's gdn): the split group of BF16 alpha |
@@ -754,6 +864,16 @@ int launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const 
   for (int z = 0; z <= a.ks; ++z) a.kb[z] = static_cast<int>(static_cast<int64_t>(a.nblk) * z / a.ks);
   const bool parts = n == 1 && a.ks > 1 && a.ks <= max_parts;
   if (gdn && a.ks != 1) return 0;
+  if constexpr (F::kTailPieces) {
+    if (!gdn && a.ks == 1 && buf.tail && mma_tail_enabled()) {
+      a.tail = mma_tail_plan(static_cast<int>(gx), a.nblk, mma_wave_slots<F>(num_sms), F::kWarps);
+      if (a.tail.groups > 0) {
+        a.tail.arrivals = static_cast<unsigned*>(buf.tail);
+        a.tail.partials = reinterpret_cast<float*>(static_cast<uint8_t*>(buf.tail) + kTailArrivalBytes);
+        note_tail_launch();
+      }
+    }
+  }
   for (int64_t m0 = 0; m0 < M; m0 += kMaxRowsPerLaunch) {
     a.M = std::min(kMaxRowsPerLaunch, M - m0);
     for (int k = 0; k < n; ++k) a.part[k].y = ys[k] + m0 * ws[k]->out;
@@ -790,6 +910,17 @@ int launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const 
         launch_mma_kernel<F, kEpiGdnInput>(a, mc, grid, cluster, s);
         continue;
       }
+    }
+    if (a.tail.groups > 0) {
+      // whole groups, then the tail's pieces; at most kTailRowTiles row tiles per launch (its scratch)
+      const unsigned gxt = static_cast<unsigned>(a.tail.begin + a.tail.groups * a.tail.pieces);
+      for (int64_t r0 = 0; r0 < gy; r0 += kTailRowTiles) {
+        a.row_tile0 = static_cast<int>(r0);
+        const dim3 grid(gxt, static_cast<unsigned>(std::min<int64_t>(kTailRowTiles, gy - r0)), 1);
+        launch_mma_kernel<F, kEpiNone>(a, mc, grid, cluster, s);
+      }
+      a.row_tile0 = 0;
+      continue;
     }
     const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(a.ks));
     launch_mma_kernel<F, kEpiNone>(a, mc, grid, cluster, s);
