@@ -779,21 +779,22 @@ void launch_mma_kernel(const MmaArgs& a, int mc, dim3 grid, dim3 cluster, cudaSt
   }
 }
 
-// CTAs of format F's 8-row kernel that one wave holds (CTAs per SM by its registers and ring x SMs): the S
-// of MmaTail. A property of the kernel and the GPU, the same for every M.
-template <class F>
+// CTAs that one wave of format F's kernel for R = 8 (or 1) activation rows holds (CTAs per SM by its
+// registers and ring x SMs): MmaTail's S. A property of the kernels and the GPU, the same for every M.
+template <class F, int R>
 int mma_wave_slots(int num_sms) {
+  static_assert(R == 1 || R == kCols, "the 1-row or the 8-row kernel");
   static const int per_sm = [] {
     mma_kernel_attributes<F, kEpiNone>();
-    constexpr int SW = F::kStagesWide;
+    constexpr int stages = R == 1 ? F::kStagesOneRow : F::kStagesWide;
     int n = 0;
-    const int bytes = F::kWarps * SW * ring_stride<F>(kCols);
+    const int bytes = F::kWarps * stages * ring_stride<F>(R);
     cudaError_t err;
     if constexpr (F::kFixedRows)
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mm_mma_kernel<F, SW, kCols, kEpiNone, true>,
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mm_mma_kernel<F, stages, R, kEpiNone, true>,
                                                           F::kWarps * 32, bytes);
     else
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mm_mma_kernel<F, SW, kCols, kEpiNone>, F::kWarps * 32,
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mm_mma_kernel<F, stages, R, kEpiNone>, F::kWarps * 32,
                                                           bytes);
     return err == cudaSuccess ? n : 0;
   }();
@@ -807,11 +808,14 @@ inline bool mma_tail_enabled() {
 }
 
 // The tail of a launch of `groups` 64-row groups over nblk blocks (MmaTail): when the groups exceed one wave
-// of `slots` by at most half a wave, the groups past the wave are cut into as many pieces as the idle
-// slots of the second wave take (<= 8, >= kWarps blocks each, <= kTailMaxPieces in all). Else none.
-inline MmaTail mma_tail_plan(int groups, int nblk, int slots, int warps) {
+// of the 8-row kernel (`slots`) by at most half a wave, the groups past the wave are cut into as many pieces
+// as the idle slots of the second wave take (<= 8, >= kWarps blocks each, <= kTailMaxPieces in all). Else
+// none, and none when the whole groups fit one wave of the one-row kernel (`slots_one_row`, more CTAs per SM):
+// there the pieces would only add a second wave to every one-row launch (H200, Q4_K 5120 x 33792, 528
+// groups: 26.3 -> 32.1 us at one row with pieces, S35-1).
+inline MmaTail mma_tail_plan(int groups, int nblk, int slots, int slots_one_row, int warps) {
   MmaTail tail;
-  if (slots <= 0 || groups <= slots || 2 * (groups - slots) > slots) return tail;
+  if (slots <= 0 || groups <= slots || groups <= slots_one_row || 2 * (groups - slots) > slots) return tail;
   const int extra = groups - slots;
   const int pieces = std::min({8, slots / extra, nblk / warps, kTailMaxPieces / extra});
   if (pieces < 2) return tail;
@@ -866,7 +870,8 @@ int launch_mma_group(const DevWeight* const* ws, float* const* ys, int n, const 
   if (gdn && a.ks != 1) return 0;
   if constexpr (F::kTailPieces) {
     if (!gdn && a.ks == 1 && buf.tail && mma_tail_enabled()) {
-      a.tail = mma_tail_plan(static_cast<int>(gx), a.nblk, mma_wave_slots<F>(num_sms), F::kWarps);
+      a.tail = mma_tail_plan(static_cast<int>(gx), a.nblk, mma_wave_slots<F, kCols>(num_sms),
+                             mma_wave_slots<F, 1>(num_sms), F::kWarps);
       if (a.tail.groups > 0) {
         a.tail.arrivals = static_cast<unsigned*>(buf.tail);
         a.tail.partials = reinterpret_cast<float*>(static_cast<uint8_t*>(buf.tail) + kTailArrivalBytes);
