@@ -155,7 +155,12 @@ struct Q4kFmt {
       const uint32_t* ss = reinterpret_cast<const uint32_t*>(stage + kTilesPerCta * kCodeBytes + i * kScaleBytes);
       const uint32_t scg = ss[g * 3], mng = ss[g * 3 + 1], ddg = ss[g * 3 + 2];
       const uint32_t scg8 = ss[(g + 8) * 3], mng8 = ss[(g + 8) * 3 + 1], ddg8 = ss[(g + 8) * 3 + 2];
-      int P[NT][4], N[NT][4];
+      // At 8 rows (2 planes) the lane holds both planes of its (weight row, activation row) pairs: n-tile 0
+      // plane 0, n-tile 1 plane 1, the same registers. Their P is then kept as V(P) = 256 P_0 + P_1 directly
+      // (VP; the same integer, |V(P)| < 2^31), one integer multiply-add per mma output as before and none
+      // after the block.
+      constexpr bool kV8 = R == 8 && kXqPlanes == 2;
+      int P[NT][4], N[NT][4], VP[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const uint32_t w = j == 0 ? cg.x : j == 1 ? cg.y : j == 2 ? cg.z : cg.w;
@@ -164,16 +169,34 @@ struct Q4kFmt {
         const uint32_t a1 = w8 & 0x0f0f0f0fu, a3 = (w8 >> 4) & 0x0f0f0f0fu;
         const int s0 = static_cast<int>((scg >> (8 * j)) & 0xffu), s8 = static_cast<int>((scg8 >> (8 * j)) & 0xffu);
         const uint32_t m0 = __byte_perm(mng, 0, 0x1111u * j), m8 = __byte_perm(mng8, 0, 0x1111u * j);
+        if constexpr (kV8) {
+          int d0[4], d1[4];
+          mma_u8s8(d0, a0, a1, a2, a3, bq[0][2 * j], bq[0][2 * j + 1], kZero);
+          mma_u8s8(d1, a0, a1, a2, a3, bq[1][2 * j], bq[1][2 * j + 1], kZero);
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          int d[4];
-          mma_u8s8(d, a0, a1, a2, a3, bq[nt][2 * j], bq[nt][2 * j + 1], kZero);
-          if (j == 0) {
-            P[nt][0] = s0 * d[0], P[nt][1] = s0 * d[1], P[nt][2] = s8 * d[2], P[nt][3] = s8 * d[3];
-            mma_u8s8(N[nt], m0, m8, m0, m8, bq[nt][0], bq[nt][1], kZero);
-          } else {
-            P[nt][0] += s0 * d[0], P[nt][1] += s0 * d[1], P[nt][2] += s8 * d[2], P[nt][3] += s8 * d[3];
-            mma_u8s8(N[nt], m0, m8, m0, m8, bq[nt][2 * j], bq[nt][2 * j + 1], N[nt]);
+          for (int r = 0; r < 4; ++r) {
+            const int v = d0[r] * 256 + d1[r], sr = r < 2 ? s0 : s8;
+            VP[r] = j == 0 ? sr * v : VP[r] + sr * v;
+          }
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            if (j == 0)
+              mma_u8s8(N[nt], m0, m8, m0, m8, bq[nt][0], bq[nt][1], kZero);
+            else
+              mma_u8s8(N[nt], m0, m8, m0, m8, bq[nt][2 * j], bq[nt][2 * j + 1], N[nt]);
+          }
+        } else {
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            int d[4];
+            mma_u8s8(d, a0, a1, a2, a3, bq[nt][2 * j], bq[nt][2 * j + 1], kZero);
+            if (j == 0) {
+              P[nt][0] = s0 * d[0], P[nt][1] = s0 * d[1], P[nt][2] = s8 * d[2], P[nt][3] = s8 * d[3];
+              mma_u8s8(N[nt], m0, m8, m0, m8, bq[nt][0], bq[nt][1], kZero);
+            } else {
+              P[nt][0] += s0 * d[0], P[nt][1] += s0 * d[1], P[nt][2] += s8 * d[2], P[nt][3] += s8 * d[3];
+              mma_u8s8(N[nt], m0, m8, m0, m8, bq[nt][2 * j], bq[nt][2 * j + 1], N[nt]);
+            }
           }
         }
       }
@@ -185,13 +208,16 @@ struct Q4kFmt {
       for (int jj = 0; jj < 4; ++jj) {
         if (!row_col_used<R>(jj)) continue;
         int Pp[kXqPlanes], Np[kXqPlanes];
-        gather_planes<R>(P, jj, Pp);
+        if constexpr (!kV8) gather_planes<R>(P, jj, Pp);
         gather_planes<R>(N, jj, Np);
         const float s = sx[jj & 1];
         const float dd = __fmul_rn(jj < 2 ? dg : dg8, s), dn = __fmul_rn(jj < 2 ? ng : ng8, s);
         // V(P), V(N) as exact integers at 2 planes (|V(P)| <= 63 * 15 * 128 * 2^14 < 2^31), one rounding each
         // (two conversions and an fma fewer per value than fp32 planes; 3 planes would not fit int32)
-        if constexpr (kXqPlanes == 2) {
+        if constexpr (kV8) {
+          acc[i][jj] = __fmaf_rn(dd, static_cast<float>(VP[jj]), acc[i][jj]);
+          acc[i][jj] = __fmaf_rn(-dn, static_cast<float>(planes_int(Np, 0)), acc[i][jj]);
+        } else if constexpr (kXqPlanes == 2) {
           acc[i][jj] = __fmaf_rn(dd, static_cast<float>(planes_int(Pp, 0)), acc[i][jj]);
           acc[i][jj] = __fmaf_rn(-dn, static_cast<float>(planes_int(Np, 0)), acc[i][jj]);
         } else {
