@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ops/cuda/mma_tail_plan.h"
+
 namespace dflash::cuda {
 
 // A runtime switch from the environment (cuda_backend.cpp): unset or empty -> dflt, "0" -> false, anything
@@ -55,18 +57,10 @@ struct TernaryScratch {
 struct TernaryBuffers {
   void* xq = nullptr;
   bool xq_ready = false;  // xq already holds these activations (the caller's cache): skip quantizing
-  // mma_tail_scratch_bytes(), zeroed when allocated (the kernels leave its counts at zero): the pieces of
+  // mma_tail_scratch_bytes() (mma_tail_plan.h), zeroed when allocated (the kernels leave its counts at zero): the pieces of
   // launches a little over one wave (mma_gemv.cuh, MmaTail). Null: no launch is cut into pieces.
   void* tail = nullptr;
 };
-// The integer-mma matmul's tail pieces (mma_gemv.cuh, MmaTail): at most kTailMaxPieces per launch and
-// kTailRowTiles row tiles of 8 rows per launch (more rows take more launches).
-constexpr int kTailMaxPieces = 512;
-constexpr int kTailRowTiles = 8;
-constexpr size_t kTailArrivalBytes = sizeof(unsigned) * kTailRowTiles * kTailMaxPieces;
-constexpr size_t mma_tail_scratch_bytes() {
-  return kTailArrivalBytes + sizeof(float) * kTailRowTiles * kTailMaxPieces * 8 * 64;  // arrivals, then sums
-}
 // Host-side count of matmul launches with tail pieces in this process (tests check the path runs).
 void note_tail_launch();
 int64_t mma_tail_launches();

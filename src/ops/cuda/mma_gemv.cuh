@@ -75,6 +75,7 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/gdn_conv.cuh"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/mma_tail_plan.h"
 #include "ops/cuda/split_group.cuh"
 #include "ops/cuda/xq_record.cuh"
 
@@ -134,19 +135,6 @@ struct MmaPart {
   int64_t N;    // rows (outputs)
   int tiles;    // 16-row tiles (Np / 16)
   int cta_end;  // one past this part's last CTA (blockIdx.x)
-};
-// A launch's tail (mma_tail_plan): a launch of G 64-row groups, G a little more than the S CTAs one wave of
-// the 8-row kernel holds, would spend a second wave on G - S whole groups. Instead groups [begin, begin +
-// groups) = [S, G) are each cut into `pieces` k ranges (kb), one CTA per piece (grid.x = S + groups *
-// pieces), so the second wave is that much shorter. A piece stores its sums in `partials`; the group's last
-// piece to arrive (arrivals, an atomic count it resets) adds them in piece order. The plan is a function of
-// the weights' shapes and the GPU, never of M, so every row has the same bits at every M.
-struct MmaTail {
-  int begin = 0x7fffffff;  // the first tail CTA (the whole groups before it); no tail: past every CTA
-  int pieces = 1, groups = 0;
-  int kb[9] = {};          // piece q takes blocks kb[q] .. kb[q + 1]
-  float* partials = nullptr;     // [row tiles of the launch][groups][pieces][kCols rows][64]
-  unsigned* arrivals = nullptr;  // [row tiles of the launch][groups], zero between launches
 };
 struct MmaArgs {
   MmaPart part[kTernaryMaxGroup];
@@ -805,25 +793,6 @@ int mma_wave_slots(int num_sms) {
 inline bool mma_tail_enabled() {
   static const bool v = env_flag("DFLASH_CUDA_MM_TAIL", true);
   return v;
-}
-
-// The tail of a launch of `groups` 64-row groups over nblk blocks (MmaTail): when the groups exceed one wave
-// of the 8-row kernel (`slots`) by at most half a wave, the groups past the wave are cut into as many pieces
-// as the idle slots of the second wave take (<= 8, >= kWarps blocks each, <= kTailMaxPieces in all). Else
-// none, and none when the whole groups fit one wave of the one-row kernel (`slots_one_row`, more CTAs per SM):
-// there the pieces would only add a second wave to every one-row launch (H200, Q4_K 5120 x 33792, 528
-// groups: 26.3 -> 32.1 us at one row with pieces, S35-1).
-inline MmaTail mma_tail_plan(int groups, int nblk, int slots, int slots_one_row, int warps) {
-  MmaTail tail;
-  if (slots <= 0 || groups <= slots || groups <= slots_one_row || 2 * (groups - slots) > slots) return tail;
-  const int extra = groups - slots;
-  const int pieces = std::min({8, slots / extra, nblk / warps, kTailMaxPieces / extra});
-  if (pieces < 2) return tail;
-  tail.begin = slots;
-  tail.groups = extra;
-  tail.pieces = pieces;
-  for (int q = 0; q <= pieces; ++q) tail.kb[q] = nblk * q / pieces;
-  return tail;
 }
 
 // GDN's input side in the projections' launch (launch_mma_group's gdn): the split group of BF16 alpha |
