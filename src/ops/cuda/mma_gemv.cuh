@@ -708,13 +708,13 @@ inline size_t mma_xq_bytes(int64_t in, int64_t M) {
 // R (rows per plane group) of a launch whose widest tile stages mc rows (launch_mma_kernel's choice).
 inline int mma_rows_of(int mc) { return mc == 1 && mma_one_row_map() ? 1 : mc <= 2 ? 2 : mc <= 4 ? 4 : 8; }
 
-// The kernel for a launch of mc staged rows: R (rows per plane group) and the ring depth are scheduling
-// and column placement only, the arithmetic of a row is the same.
+// Once per format and epilogue, before the first launch or occupancy query: every kernel variant may take
+// rings above the 48 KB default (and mma_capped_smem's padding), with the largest shared-memory carveout.
 template <class F, int kEpi>
 void mma_kernel_attributes() {
   constexpr int S1 = F::kStagesOneRow, SN = F::kStagesNarrow, SW = F::kStagesWide, SW2 = F::kStagesWideAlt;
   static bool attr_set = false;
-  if (!attr_set) {  // rings above the 48 KB default; the largest shared-memory carveout
+  if (!attr_set) {
     const auto setup = [](auto kernel, int bytes) {  // room for mma_capped_smem's padding too
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mma_capped_smem(bytes, 1));
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
@@ -733,6 +733,8 @@ void mma_kernel_attributes() {
   }
 }
 
+// The kernel for a launch of mc staged rows: R (rows per plane group) and the ring depth are scheduling
+// and column placement only, the arithmetic of a row is the same.
 template <class F, int kEpi>
 void launch_mma_kernel(const MmaArgs& a, int mc, dim3 grid, dim3 cluster, cudaStream_t s) {
   constexpr int S1 = F::kStagesOneRow, SN = F::kStagesNarrow, SW = F::kStagesWide, SW2 = F::kStagesWideAlt;
