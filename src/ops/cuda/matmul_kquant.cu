@@ -211,16 +211,21 @@ struct Q4kFmt {
         if constexpr (!kV8) gather_planes<R>(P, jj, Pp);
         gather_planes<R>(N, jj, Np);
         const float s = sx[jj & 1];
-        const float dd = __fmul_rn(jj < 2 ? dg : dg8, s), dn = __fmul_rn(jj < 2 ? ng : ng8, s);
         // V(P), V(N) as exact integers at 2 planes (|V(P)| <= 63 * 15 * 128 * 2^14 < 2^31), one rounding each
-        // (two conversions and an fma fewer per value than fp32 planes; 3 planes would not fit int32)
-        if constexpr (kV8) {
-          acc[i][jj] = __fmaf_rn(dd, static_cast<float>(VP[jj]), acc[i][jj]);
-          acc[i][jj] = __fmaf_rn(-dn, static_cast<float>(planes_int(Np, 0)), acc[i][jj]);
-        } else if constexpr (kXqPlanes == 2) {
-          acc[i][jj] = __fmaf_rn(dd, static_cast<float>(planes_int(Pp, 0)), acc[i][jj]);
-          acc[i][jj] = __fmaf_rn(-dn, static_cast<float>(planes_int(Np, 0)), acc[i][jj]);
+        // (two conversions and an fma fewer per value than fp32 planes; 3 planes would not fit int32). The
+        // block's value d V(P) - dmin V(N) is formed first and scaled by 2^(E-kXqShift) in the fma that adds
+        // it (the same steps at every R: one multiply fewer per value than scaling d and dmin apart).
+        if constexpr (kXqPlanes == 2) {
+          float vp;
+          if constexpr (kV8)
+            vp = static_cast<float>(VP[jj]);
+          else
+            vp = static_cast<float>(planes_int(Pp, 0));
+          const float vn = static_cast<float>(planes_int(Np, 0));
+          const float blk = __fmaf_rn(jj < 2 ? dg : dg8, vp, __fmul_rn(-(jj < 2 ? ng : ng8), vn));
+          acc[i][jj] = __fmaf_rn(s, blk, acc[i][jj]);
         } else {
+          const float dd = __fmul_rn(jj < 2 ? dg : dg8, s), dn = __fmul_rn(jj < 2 ? ng : ng8, s);
           acc[i][jj] = __fmaf_rn(dd, planes_value(Pp), acc[i][jj]);
           acc[i][jj] = __fmaf_rn(-dn, planes_value(Np), acc[i][jj]);
         }
