@@ -777,15 +777,11 @@ int mma_wave_slots(int num_sms) {
   static const int per_sm = [] {
     mma_kernel_attributes<F, kEpiNone>();
     constexpr int stages = R == 1 ? F::kStagesOneRow : F::kStagesWide;
+    // the kernel a launch of exactly R rows takes (launch_mma_kernel)
+    const auto kernel = mm_mma_kernel<F, stages, R, kEpiNone, F::kFixedRows>;
     int n = 0;
-    const int bytes = F::kWarps * stages * ring_stride<F>(R);
-    cudaError_t err;
-    if constexpr (F::kFixedRows)
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mm_mma_kernel<F, stages, R, kEpiNone, true>,
-                                                          F::kWarps * 32, bytes);
-    else
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mm_mma_kernel<F, stages, R, kEpiNone>, F::kWarps * 32,
-                                                          bytes);
+    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, kernel, F::kWarps * 32, F::kWarps * stages * ring_stride<F>(R));
     return err == cudaSuccess ? n : 0;
   }();
   return per_sm * num_sms;
