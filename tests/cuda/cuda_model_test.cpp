@@ -9,6 +9,7 @@
 //    (logit_scale) so greedy margins are large, but CUDA and CPU logits differ in the last bits, so a
 //    near-tie can legitimately flip a token; the test records how many tokens agree and requires
 //    all 64 only where the smallest top-2 margin seen on the CPU path is above 1e-3;
+//  - the DFlash 2 drafter: hidden rows and logits of a draft within a bound of the CPU's;
 //  - speculative decoding on the GPU (the bundled pair, device-resident cycle: drafts and taps stay in
 //    device memory) yields exactly the GPU's plain greedy output.
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "gguf/gguf.h"
 #include "models/dflash_drafter.h"
 #include "models/synth.h"
+#include "models/synth_drafter.h"
 #include "models/target.h"
 #include "spec/engine.h"
 #include "support/temp_dir.h"
@@ -322,6 +324,71 @@ TEST(CudaSpeculative, DeviceCycleMatchesPlainGreedy) {
   record({"speculative == plain (bundled pair, device cycle)", "4 prompts x B 2,5,8 x 96 tokens", 0, 0, -1,
           all_equal && accepted > 0,
           fmt::format("{} tokens compared; {} cycles, {}/{} drafts accepted", compared, cycles, accepted, drafted)});
+}
+
+// The DFlash 2 drafter on the GPU against the CPU's: a tiny target with the Bonsai widths that select the
+// drafter's CUDA paths (1024-wide rows: the norm chains, conv + quantize, the k split left as parts;
+// PTQ1_0 with prism, whose lm_head the drafter shares) and a drafter in the 27B drafter's formats (Q4_K,
+// Q6_K in one layer, head_dim 128, conv K = 2 over groups of 16, selector rank 256 over the top 16). The
+// same context taps are appended to both in uneven batches, and after each the draft's hidden rows (after
+// output_norm) and logits must be within 1e-6 NMSE per row of the CPU's, as the target's logits are
+// (LogitsCloseToCpu). The drafted tokens are recorded, not required: candidates near a tie may
+// legitimately differ in the last bits.
+TEST(CudaDrafter, DraftCloseToCpu) {
+  REQUIRE_GPU();
+  SynthTargetSpec ts = tiny("qwen35", GgmlType::PTQ1_0, true, true);
+  ts.n_vocab = 2048;
+  SynthDrafterSpec ds = SynthDrafterSpec::for_target(ts);
+  ds.n_layer = 2;
+  ds.n_head = 8;
+  ds.n_head_kv = 2;
+  ds.head_dim = 128;
+  ds.n_ff = 2048;
+  ds.selector_rank = 256;
+  ds.matmul_type = ds.codebook_type = GgmlType::Q4_K;
+  ds.heavy_type = GgmlType::Q6_K;
+  ds.heavy_layers = {1};
+  const std::string tp = temp_path("drafter_target.gguf"), dp = temp_path("drafter_q4k.gguf");
+  synth_target(ts, tp);
+  synth_drafter(ds, dp);
+  const gguf::File tf = gguf::File::open(tp), df = gguf::File::open(dp);
+  const DrafterConfig dc = read_drafter_config(df);
+  ASSERT_TRUE(dc.dflash2());
+  TargetOptions o;
+  o.n_ctx = 512;
+  o.tap_layers = dc.target_layers;
+  o.max_undo_rows = dc.block_size;
+  auto target_g = TargetModel::load(tf, gpu(), o), target_c = TargetModel::load(tf, cpu(), o);
+  auto drafter_g = DFlashDrafter::load(df, *target_g), drafter_c = DFlashDrafter::load(df, *target_c);
+  drafter_g->set_keep_trace(true);
+  drafter_c->set_keep_trace(true);
+  const int64_t E = dc.n_embd, V = ts.n_vocab, W = dc.n_taps() * E;
+  double worst_hidden = 0, worst_logits = 0;
+  bool finite = true;
+  int64_t rows = 0, same_tokens = 0, appended = 0;
+  std::mt19937 rng(77);
+  for (int64_t batch : {5, 1, 3, 7, 2}) {
+    const auto taps = randn_vec(rng, batch * W);
+    drafter_g->append_context(taps, batch);
+    drafter_c->append_context(taps, batch);
+    appended += batch;
+    const int32_t anchor = static_cast<int32_t>(rng() % V);
+    const std::vector<int32_t> tg = drafter_g->draft(anchor), tc = drafter_c->draft(anchor);
+    const DraftTrace &a = drafter_g->last_trace(), &b = drafter_c->last_trace();
+    worst_row_diff(a.hidden, b.hidden, E, worst_hidden, finite);
+    worst_row_diff(a.logits, b.logits, V, worst_logits, finite);
+    EXPECT_EQ(a.position, appended);
+    EXPECT_EQ(b.position, appended);
+    for (size_t i = 0; i < tg.size() && i < tc.size(); ++i) same_tokens += tg[i] == tc[i];
+    rows += static_cast<int64_t>(tc.size());
+  }
+  const std::string shp = fmt::format("{} layers, E {}, V {}, 5 drafts", ds.n_layer, E, V);
+  const bool hidden_ok = finite && worst_hidden <= 1e-6, logits_ok = finite && worst_logits <= 1e-6;
+  record({"drafter hidden rows (Q4_K / Q6_K), CUDA vs CPU", shp, worst_hidden, 0, 1e-6, hidden_ok, ""});
+  record({"drafter logits (the target's PTQ1_0 head), CUDA vs CPU", shp, worst_logits, 0, 1e-6, logits_ok,
+          fmt::format("drafted tokens equal in {} of {} rows", same_tokens, rows)});
+  EXPECT_TRUE(hidden_ok) << "worst row NMSE " << worst_hidden << (finite ? "" : ", non-finite or size mismatch");
+  EXPECT_TRUE(logits_ok) << "worst row NMSE " << worst_logits << (finite ? "" : ", non-finite or size mismatch");
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaModel,
